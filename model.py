@@ -1,0 +1,470 @@
+"""model.py: one readable Transformer for cramming, as a bidirectional encoder (masked LM) or a causal decoder.
+
+The default is the crammed-BERT recipe (Geiping & Goldstein 2022, "Cramming: Training a Language Model on a
+Single GPU in One Day", Sec. 4.2): pre-LayerNorm blocks, no biases in linear layers, a gated-GELU feed-forward,
+a LayerNorm after the embedding and one at the end, scaled sinusoidal positions, input and output embeddings
+tied, the vocabulary padded to a multiple of 64, and no dropout while pretraining.
+Every choice that the BigScience ablations (Le Scao et al. 2022, "What Language Model to Train if You Have One
+Million GPU Hours?") and later work compare is one config value: positions, norm type and placement,
+feed-forward, biases and the embedding norm.
+
+    import model
+    cfg = model.make_config("base", vocab_size=32768)            # a plain dict, validated
+    net = model.build_model(cfg)
+    out = net(input_ids, labels=labels, label_positions=positions)  # {"loss": ..., "logits": ...}
+    model.save_model(net, "out/final"); net = model.load_model("out/final")
+
+Shapes: B batch, T sequence length, d = d_model, H heads, hd = d / H head size, f = ffn_dim, V the padded vocab,
+k masked positions per sequence (sparse MLM prediction).
+"""
+import json
+import math
+import os
+import tempfile
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# -----------------------------------------------------------------------------
+# Configuration: one dict, defaults = the crammed-BERT base model
+
+DEFAULTS = {
+    "vocab_size": 32768,        # tokenizer size; the embedding is padded up to a multiple of 64
+    "n_layers": 16,
+    "d_model": 768,
+    "n_heads": 12,
+    "ffn_dim": 1536,            # inner width after gating: cramming's 3072-wide projection split in two halves
+    "max_seq_len": 128,
+    "objective": "mlm",         # "mlm": bidirectional encoder, masked LM; "clm": causal decoder, next-token LM
+    "positions": "sinusoidal",  # learned | sinusoidal (scaled) | rotary | alibi | none
+    "norm": "layernorm",        # layernorm | rmsnorm
+    "norm_position": "pre",     # pre | post (original BERT is post-LN; pre-LN trains stably at high learning rates)
+    "ffn": "geglu",             # gelu | geglu | swiglu
+    "bias": False,              # biases in the linear layers of the blocks
+    "embedding_norm": True,     # a norm right after the embedding (BLOOM's "embedding LayerNorm")
+    "tie_embeddings": True,     # the output projection reuses the token embedding matrix
+    "dropout": 0.0,             # off for pretraining (cramming); evaluate_glue.py sets 0.1 for fine-tuning
+    "mask_rate": 0.25,          # fraction of tokens predicted by MLM (cramming: 25%); enters FLOP accounting
+    "num_labels": 0,            # > 0 adds a sequence classification head (1 = regression)
+    "init_std": 0.02,
+    "norm_eps": 1e-12,
+}
+
+# Presets from a test-sized model to the crammed base and a large model. Each only lists what differs.
+PRESETS = {
+    "tiny": {"vocab_size": 512, "n_layers": 2, "d_model": 64, "n_heads": 4, "ffn_dim": 128, "max_seq_len": 64},
+    "mini": {"n_layers": 4, "d_model": 256, "n_heads": 4, "ffn_dim": 512},
+    "small": {"n_layers": 8, "d_model": 512, "n_heads": 8, "ffn_dim": 1024},
+    "base": {},
+    "large": {"n_layers": 24, "d_model": 1024, "n_heads": 16, "ffn_dim": 2048},
+}
+
+CHOICES = {
+    "objective": ("mlm", "clm"),
+    "positions": ("learned", "sinusoidal", "rotary", "alibi", "none"),
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_position": ("pre", "post"),
+    "ffn": ("gelu", "geglu", "swiglu"),
+}
+POSITIVE_INTS = ("vocab_size", "n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len")
+VOCAB_MULTIPLE = 64
+
+
+def validate_config(cfg):
+    """Return a complete copy of cfg (defaults filled in); raise ValueError naming the first bad key."""
+    unknown = sorted(set(cfg) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown config key {unknown[0]!r}; valid keys: {', '.join(DEFAULTS)}")
+    cfg = {**DEFAULTS, **cfg}
+    for key in POSITIVE_INTS:
+        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] <= 0:
+            raise ValueError(f"config key {key!r} must be a positive integer, got {cfg[key]!r}")
+    for key, allowed in CHOICES.items():
+        if cfg[key] not in allowed:
+            raise ValueError(f"config key {key!r} must be one of {allowed}, got {cfg[key]!r}")
+    for key in ("bias", "embedding_norm", "tie_embeddings"):
+        if not isinstance(cfg[key], bool):
+            raise ValueError(f"config key {key!r} must be true or false, got {cfg[key]!r}")
+    if not isinstance(cfg["num_labels"], int) or cfg["num_labels"] < 0:
+        raise ValueError(f"config key 'num_labels' must be an integer >= 0, got {cfg['num_labels']!r}")
+    if not 0.0 <= cfg["dropout"] < 1.0:
+        raise ValueError(f"config key 'dropout' must be in [0, 1), got {cfg['dropout']!r}")
+    if not 0.0 < cfg["mask_rate"] < 1.0:
+        raise ValueError(f"config key 'mask_rate' must be in (0, 1), got {cfg['mask_rate']!r}")
+    for key in ("init_std", "norm_eps"):
+        if not cfg[key] > 0:
+            raise ValueError(f"config key {key!r} must be positive, got {cfg[key]!r}")
+    if cfg["d_model"] % cfg["n_heads"]:
+        raise ValueError(f"config key 'n_heads' ({cfg['n_heads']}) must divide 'd_model' ({cfg['d_model']})")
+    if cfg["positions"] == "rotary" and (cfg["d_model"] // cfg["n_heads"]) % 2:
+        raise ValueError("config key 'positions': rotary needs an even head size (d_model / n_heads)")
+    return cfg
+
+
+def make_config(preset="base", **overrides):
+    """A validated config dict: the named preset, then the overrides on top."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; choose from {', '.join(PRESETS)}")
+    return validate_config({**PRESETS[preset], **overrides})
+
+
+def padded_vocab_size(cfg):
+    """Vocabulary rounded up to a multiple of 64, so the embedding and output matmuls align with GPU tiles."""
+    return -(-cfg["vocab_size"] // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+# -----------------------------------------------------------------------------
+# Accounting: parameters and training FLOPs, pure functions of the config (scaling.py and train.py use them)
+
+def _norm_params(cfg):
+    return 2 * cfg["d_model"] if cfg["norm"] == "layernorm" else cfg["d_model"]  # weight (+ bias for LayerNorm)
+
+
+def _block_linear_weights(cfg):
+    """Weights of the matmuls in one block: qkv (d x 3d), out (d x d), up (d x f or d x 2f when gated), down (f x d)."""
+    d, f = cfg["d_model"], cfg["ffn_dim"]
+    up = 2 * f if cfg["ffn"] in ("geglu", "swiglu") else f
+    return 4 * d * d + d * up + f * d
+
+
+def count_params(cfg, embeddings=True):
+    """Number of parameters of build_model(cfg). embeddings=False leaves out the token embedding, a learned
+    position table and an untied output matrix (Kaplan et al. 2020 count N without them)."""
+    cfg = validate_config(cfg)
+    d, f, L, V = cfg["d_model"], cfg["ffn_dim"], cfg["n_layers"], padded_vocab_size(cfg)
+    up = 2 * f if cfg["ffn"] in ("geglu", "swiglu") else f
+    block = _block_linear_weights(cfg) + 2 * _norm_params(cfg)
+    if cfg["bias"]:
+        block += 3 * d + d + up + d
+    n = L * block
+    n += _norm_params(cfg) if cfg["embedding_norm"] else 0
+    n += _norm_params(cfg) if cfg["norm_position"] == "pre" else 0     # the final norm
+    n += 1 if cfg["positions"] == "sinusoidal" else 0                 # the learned scale of the sinusoids
+    if cfg["num_labels"]:
+        n += d * d + d + d * cfg["num_labels"] + cfg["num_labels"]     # pooler + classifier
+    if embeddings:
+        n += V * d
+        n += cfg["max_seq_len"] * d if cfg["positions"] == "learned" else 0
+        n += 0 if cfg["tie_embeddings"] else V * d
+    return n
+
+
+def flops_per_token(cfg, seq_len=None):
+    """Training FLOPs (forward + backward) per input token, counting matmuls only (PaLM, Chowdhery et al. 2022,
+    App. B): 6 * block weights + 12 * n_layers * T * d for attention scores and values, + 6 * d * V for the
+    output projection on the predicted fraction of tokens (mask_rate for sparse MLM, all tokens for CLM)."""
+    cfg = validate_config(cfg)
+    T = seq_len or cfg["max_seq_len"]
+    predicted = cfg["mask_rate"] if cfg["objective"] == "mlm" else 1.0
+    blocks = 6 * cfg["n_layers"] * _block_linear_weights(cfg)
+    attention = 12 * cfg["n_layers"] * T * cfg["d_model"]
+    head = 6 * cfg["d_model"] * padded_vocab_size(cfg) * predicted
+    return float(blocks + attention + head)
+
+
+# -----------------------------------------------------------------------------
+# Positions
+
+def sinusoid_table(n_positions, dim):
+    """(n_positions, dim) fixed sinusoids of Vaswani et al. 2017, Sec. 3.5."""
+    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    table = torch.zeros(n_positions, dim)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq[: dim // 2])
+    return table
+
+
+def rotary_cos_sin(position_ids, head_dim):
+    """cos, sin of shape (..., T, hd/2) for rotary embeddings (Su et al. 2021, RoFormer, Eq. 34)."""
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, device=position_ids.device).float() / head_dim))
+    angles = position_ids.float()[..., None] * inv_freq
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate pairs (x1, x2) of the two halves of the head dimension. x: (B, H, T, hd); cos/sin: (B|1, 1, T, hd/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+def alibi_slopes(n_heads):
+    """Head-specific slopes m_h = 2^(-8h/H) (Press et al. 2022, ALiBi, Sec. 3); for H not a power of two the
+    paper's recipe takes the power-of-two set and interleaves slopes from the next one."""
+    def power_of_two(n):
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two(closest)
+    if closest < n_heads:
+        slopes += power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes)
+
+
+def make_norm(cfg):
+    if cfg["norm"] == "rmsnorm":
+        return nn.RMSNorm(cfg["d_model"], eps=cfg["norm_eps"])
+    return nn.LayerNorm(cfg["d_model"], eps=cfg["norm_eps"])
+
+
+# -----------------------------------------------------------------------------
+# The Transformer block
+
+class Block(nn.Module):
+    """One Transformer layer: self-attention, then a feed-forward network, each inside a residual connection,
+    normalized before (pre-LN, Xiong et al. 2020) or after (post-LN, the original BERT) the residual add."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        d, f, bias = cfg["d_model"], cfg["ffn_dim"], cfg["bias"]
+        self.n_heads, self.pre_norm = cfg["n_heads"], cfg["norm_position"] == "pre"
+        self.ffn, self.dropout = cfg["ffn"], cfg["dropout"]
+        self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
+        self.qkv = nn.Linear(d, 3 * d, bias=bias)      # one matmul for queries, keys and values
+        self.out = nn.Linear(d, d, bias=bias)
+        self.up = nn.Linear(d, 2 * f if self.ffn in ("geglu", "swiglu") else f, bias=bias)
+        self.down = nn.Linear(f, d, bias=bias)
+
+    def attend(self, x, mask, rope, is_causal):
+        """x (B, T, d) -> (B, T, d). mask: None, or bool/float (B|1, 1|H, T, T) added to the scores."""
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)  # 3 x (B,H,T,hd)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.to(q.dtype)  # SDPA wants a float mask in the query's dtype (bf16 under autocast)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, d))
+
+    def feed_forward(self, x):
+        """x (B, T, d) -> (B, T, d). Gated variants (Shazeer 2020, "GLU Variants Improve Transformer", Eq. 5-6)
+        multiply the activated half of the up-projection by the other half."""
+        h = self.up(x)
+        if self.ffn == "gelu":
+            h = F.gelu(h)
+        else:
+            gate, value = h.chunk(2, dim=-1)
+            h = (F.gelu(gate) if self.ffn == "geglu" else F.silu(gate)) * value
+        return self.down(h)
+
+    def forward(self, x, mask, rope, is_causal):
+        drop = lambda y: F.dropout(y, self.dropout, self.training)  # noqa: E731
+        if self.pre_norm:
+            x = x + drop(self.attend(self.norm1(x), mask, rope, is_causal))
+            return x + drop(self.feed_forward(self.norm2(x)))
+        x = self.norm1(x + drop(self.attend(x, mask, rope, is_causal)))
+        return self.norm2(x + drop(self.feed_forward(x)))
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+class Transformer(nn.Module):
+    """Embedding -> n_layers blocks -> final norm -> tied output projection (and an optional classifier)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        cfg = validate_config(cfg)
+        self.config = cfg
+        d, V = cfg["d_model"], padded_vocab_size(cfg)
+        self.tok_emb = nn.Embedding(V, d)
+        if cfg["positions"] == "learned":
+            self.pos_emb = nn.Embedding(cfg["max_seq_len"], d)
+        if cfg["positions"] == "sinusoidal":
+            # Scaled sinusoidal (cramming): fixed sinusoids times one learned scalar, started at 1/sqrt(d).
+            self.pos_scale = nn.Parameter(torch.tensor(1.0 / math.sqrt(d)))
+            self.register_buffer("sinusoids", sinusoid_table(cfg["max_seq_len"], d), persistent=False)
+        if cfg["positions"] == "alibi":
+            self.register_buffer("slopes", alibi_slopes(cfg["n_heads"]), persistent=False)
+        self.emb_norm = make_norm(cfg) if cfg["embedding_norm"] else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg["n_layers"]))
+        self.final_norm = make_norm(cfg) if cfg["norm_position"] == "pre" else None  # post-LN blocks end normalized
+        self.lm_head = None if cfg["tie_embeddings"] else nn.Linear(d, V, bias=False)
+        self.pooler = self.classifier = None
+        if cfg["num_labels"]:
+            self.pooler, self.classifier = nn.Linear(d, d), nn.Linear(d, cfg["num_labels"])
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config["init_std"])
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    # --- pieces of the forward pass -------------------------------------------------
+
+    def embed(self, input_ids, position_ids):
+        """input_ids (B, T), position_ids (B|1, T) -> (B, T, d)."""
+        x = self.tok_emb(input_ids)
+        if self.config["positions"] == "learned":
+            x = x + self.pos_emb(position_ids)
+        elif self.config["positions"] == "sinusoidal":
+            x = x + self.pos_scale * self.sinusoids[position_ids]
+        if self.emb_norm is not None:
+            x = self.emb_norm(x)
+        return F.dropout(x, self.config["dropout"], self.training)
+
+    def attention_mask(self, attention_mask, position_ids, T, device):
+        """Returns (mask, is_causal) for SDPA. With no padding and no ALiBi the mask is None, so SDPA can pick
+        the flash kernel (is_causal for the decoder). Otherwise a (B|1, 1|H, T, T) mask: bool (True = attend)
+        or float (ALiBi's -m_h |i - j| plus -inf on masked keys)."""
+        causal = self.config["objective"] == "clm"
+        alibi = self.config["positions"] == "alibi"
+        if attention_mask is None and not alibi:
+            return None, causal
+        allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
+        if attention_mask is not None:
+            allowed = allowed & attention_mask[:, None, None, :].bool()   # hide padded keys: (B, 1, 1, T)
+        if causal:
+            allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        if not alibi:
+            return allowed, False
+        distance = (position_ids[:, None, :, None] - position_ids[:, None, None, :]).abs().float()  # (B|1,1,T,T)
+        bias = -self.slopes.to(device)[None, :, None, None] * distance                              # (B|1,H,T,T)
+        return bias.masked_fill(~allowed, float("-inf")), False
+
+    def trunk(self, input_ids, attention_mask=None, position_ids=None):
+        """(B, T) token ids -> (B, T, d) hidden states before the final norm."""
+        B, T = input_ids.shape
+        if T > self.config["max_seq_len"] and self.config["positions"] in ("learned", "sinusoidal"):
+            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config['max_seq_len']}")
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T)
+        rope = None
+        if self.config["positions"] == "rotary":
+            cos, sin = rotary_cos_sin(position_ids, self.config["d_model"] // self.config["n_heads"])
+            rope = (cos[:, None], sin[:, None])                              # (B|1, 1, T, hd/2)
+        mask, is_causal = self.attention_mask(attention_mask, position_ids, T, input_ids.device)
+        x = self.embed(input_ids, position_ids)
+        for block in self.blocks:
+            x = block(x, mask, rope, is_causal)
+        return x
+
+    def finish(self, h):
+        return self.final_norm(h) if self.final_norm is not None else h
+
+    def logits(self, h):
+        """(..., d) normalized hidden states -> (..., V) scores over the padded vocabulary."""
+        weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, weight)
+
+    # --- the three entry points -----------------------------------------------------
+
+    def encode(self, input_ids, attention_mask=None, position_ids=None):
+        """(B, T) -> (B, T, d) contextual representations after the final norm."""
+        return self.finish(self.trunk(input_ids, attention_mask, position_ids))
+
+    def forward(self, input_ids, attention_mask=None, labels=None, label_positions=None, position_ids=None):
+        """Language-model scores and loss.
+
+        Sparse MLM prediction (cramming, Sec. 4.3): with label_positions (B, k), only those k positions per
+        sequence go through the final norm, the output projection and the loss, so a 25% masking rate cuts the
+        largest matmul of the model by 4x; k is fixed by the data loader so shapes stay static for torch.compile.
+        logits: (B, k, V) with label_positions, else (B, T, V). labels: same leading shape, -100 = ignore.
+        For the causal decoder, labels are the next tokens (the data loader shifts them).
+        """
+        h = self.trunk(input_ids, attention_mask, position_ids)
+        if label_positions is not None:
+            index = label_positions[..., None].expand(-1, -1, h.shape[-1])  # (B, k, d)
+            h = h.gather(1, index)
+        logits = self.logits(self.finish(h))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
+        return {"loss": loss, "logits": logits}
+
+    def classify(self, input_ids, attention_mask=None, labels=None):
+        """Sequence classification on the [CLS] position (BERT, Devlin et al. 2019, Sec. 3):
+        (B, T) -> logits (B, num_labels). num_labels == 1 is regression trained with mean squared error."""
+        if self.classifier is None:
+            raise ValueError("this model has no classification head; call add_classifier(model, num_labels)")
+        h = self.encode(input_ids, attention_mask)[:, 0]                  # (B, d)
+        h = F.dropout(F.gelu(self.pooler(h)), self.config["dropout"], self.training)
+        logits = self.classifier(h).float()                               # (B, num_labels)
+        loss = None
+        if labels is not None:
+            if self.config["num_labels"] == 1:
+                loss = F.mse_loss(logits.squeeze(-1), labels.float())
+            else:
+                loss = F.cross_entropy(logits, labels)
+        return {"loss": loss, "logits": logits}
+
+
+def build_model(cfg):
+    """A freshly initialized model for a config dict (validated here)."""
+    return Transformer(cfg)
+
+
+def add_classifier(model, num_labels):
+    """Attach a fresh pooler + classifier with num_labels outputs (1 = regression) to a pretrained model."""
+    cfg = model.config
+    cfg["num_labels"] = validate_config({**cfg, "num_labels": num_labels})["num_labels"]
+    device = model.tok_emb.weight.device
+    model.pooler = nn.Linear(cfg["d_model"], cfg["d_model"]).to(device)
+    model.classifier = nn.Linear(cfg["d_model"], num_labels).to(device)
+    for layer in (model.pooler, model.classifier):
+        model._init_weights(layer)
+    return model
+
+
+def set_dropout(model, p):
+    """Change the dropout probability everywhere (0 for pretraining, 0.1 for GLUE fine-tuning)."""
+    model.config["dropout"] = validate_config({**model.config, "dropout": p})["dropout"]
+    for block in model.blocks:
+        block.dropout = p
+    return model
+
+
+def unwrap(model):
+    """The plain Transformer inside a DistributedDataParallel and/or torch.compile wrapper."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
+# -----------------------------------------------------------------------------
+# Checkpoint folder: config.json + model.pt (weights only, loadable without unpickling code)
+
+def _atomic_write(path, write):
+    """Write through a temporary file in the same folder, then rename: a crash never leaves half a file."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=os.path.basename(path) + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_model(model, folder):
+    """Write folder/model.pt (state dict) and folder/config.json, each atomically."""
+    model = unwrap(model)
+    os.makedirs(folder, exist_ok=True)
+    state = {name: t.detach().cpu() for name, t in model.state_dict().items()}
+    _atomic_write(os.path.join(folder, "model.pt"), lambda p: torch.save(state, p))
+
+    def write_config(p):
+        with open(p, "w") as f:
+            json.dump(model.config, f, indent=2)
+    _atomic_write(os.path.join(folder, "config.json"), write_config)
+
+
+def load_model(folder, device="cpu"):
+    """The model saved by save_model: `net = load_model("out/final")`."""
+    config_path, weights_path = os.path.join(folder, "config.json"), os.path.join(folder, "model.pt")
+    for path in (config_path, weights_path):
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: missing; a checkpoint folder holds config.json and model.pt")
+    try:
+        with open(config_path) as f:
+            cfg = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_path}: not valid JSON ({e})") from None
+    try:
+        cfg = validate_config(cfg)
+    except ValueError as e:
+        raise ValueError(f"{config_path}: {e}") from None
+    model = build_model(cfg)
+    model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
+    return model.to(device)

@@ -1,0 +1,279 @@
+"""Specification of model.py: python -m pytest -q tests/test_model.py"""
+import itertools
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import model
+
+POSITIONS = ["learned", "sinusoidal", "rotary", "alibi", "none"]
+
+
+def tiny(**overrides):
+    base = {"vocab_size": 100, "n_layers": 2, "d_model": 32, "n_heads": 4, "ffn_dim": 48, "max_seq_len": 32}
+    return model.make_config("tiny", **{**base, **overrides})
+
+
+def seeded_model(cfg, seed=0):
+    torch.manual_seed(seed)
+    return model.build_model(cfg).eval()
+
+
+def tokens(B=2, T=12, vocab=100, seed=1):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+# --- shapes, losses, gradients ------------------------------------------------------
+
+OPTION_GRID = list(itertools.product(
+    POSITIONS, ["layernorm", "rmsnorm"], ["pre", "post"], ["gelu", "geglu", "swiglu"],
+    [False, True], [False, True], ["mlm", "clm"]))
+
+
+@pytest.mark.parametrize("positions,norm,norm_position,ffn,bias,embedding_norm,objective", OPTION_GRID)
+def test_every_option_combination_trains(positions, norm, norm_position, ffn, bias, embedding_norm, objective):
+    cfg = tiny(positions=positions, norm=norm, norm_position=norm_position, ffn=ffn, bias=bias,
+               embedding_norm=embedding_norm, objective=objective, n_layers=1, d_model=16, ffn_dim=16)
+    net = seeded_model(cfg).train()
+    x = tokens(T=8)
+    out = net(x, labels=x)
+    assert out["logits"].shape == (2, 8, 128)                      # vocab 100 padded to 128
+    assert torch.isfinite(out["loss"]) and 3.0 < out["loss"].item() < 6.0
+    out["loss"].backward()
+    for name, p in net.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+
+
+def test_vocab_is_padded_to_a_multiple_of_64():
+    assert model.padded_vocab_size(tiny(vocab_size=30522)) == 30528
+    assert model.padded_vocab_size(tiny(vocab_size=32768)) == 32768
+    assert seeded_model(tiny(vocab_size=65)).tok_emb.weight.shape[0] == 128
+
+
+def test_base_preset_is_the_crammed_bert_shape():
+    cfg = model.make_config("base")
+    assert (cfg["n_layers"], cfg["d_model"], cfg["n_heads"], cfg["max_seq_len"], cfg["vocab_size"]) == (16, 768, 12, 128, 32768)
+    assert (cfg["norm_position"], cfg["ffn"], cfg["bias"], cfg["embedding_norm"], cfg["tie_embeddings"]) == ("pre", "geglu", False, True, True)
+    assert cfg["positions"] == "sinusoidal" and cfg["dropout"] == 0.0
+    # 119.6 M parameters, 94.4 M without embeddings, and 623 MFLOP per token (cramming.md's accounting).
+    assert round(model.count_params(cfg) / 1e6, 1) == 119.6
+    assert round(model.count_params(cfg, embeddings=False) / 1e6, 1) == 94.4
+    assert round(model.flops_per_token(cfg) / 1e6) == 623
+
+
+def test_presets_grow_in_size():
+    sizes = [model.count_params(model.make_config(p)) for p in ["tiny", "mini", "small", "base", "large"]]
+    assert sizes == sorted(sizes) and len(set(sizes)) == 5
+
+
+# --- attention masks ----------------------------------------------------------------
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_causal_decoder_ignores_future_tokens(positions):
+    net = seeded_model(tiny(objective="clm", positions=positions))
+    x = tokens(B=1, T=12)
+    y = x.clone()
+    y[0, 7] = (y[0, 7] + 1) % 100
+    a, b = net(x)["logits"], net(y)["logits"]
+    assert torch.equal(a[:, :7], b[:, :7])           # positions before the change are bitwise unchanged
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_encoder_sees_future_tokens(positions):
+    net = seeded_model(tiny(positions=positions))
+    x = tokens(B=1, T=12)
+    y = x.clone()
+    y[0, 7] = (y[0, 7] + 1) % 100
+    assert not torch.allclose(net(x)["logits"][:, :7], net(y)["logits"][:, :7])
+
+
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_padding_changes_no_real_token_output(positions, objective):
+    net = seeded_model(tiny(positions=positions, objective=objective))
+    short = tokens(B=1, T=7)
+    padded = torch.cat([short, torch.randint(0, 100, (1, 5))], dim=1)  # 5 pad slots holding arbitrary ids
+    mask = torch.tensor([[1] * 7 + [0] * 5])
+    alone = net.encode(short)
+    with_pad = net.encode(padded, attention_mask=mask)[:, :7]
+    assert (alone - with_pad).abs().max() < 1e-5
+    other_pad = padded.clone()
+    other_pad[0, 7:] = 3
+    assert (net.encode(other_pad, attention_mask=mask)[:, :7] - with_pad).abs().max() < 1e-5
+
+
+def test_padding_mask_is_per_sequence():
+    net = seeded_model(tiny(positions="alibi"))
+    x = tokens(B=2, T=10)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 6:] = 0
+    both = net.encode(x, attention_mask=mask)
+    assert (both[0] - net.encode(x[:1])[0]).abs().max() < 1e-5
+    assert (both[1, :6] - net.encode(x[1:, :6])[0]).abs().max() < 1e-5
+
+
+# --- sparse MLM prediction ----------------------------------------------------------
+
+def test_sparse_mlm_loss_equals_dense_loss_on_masked_positions():
+    net = seeded_model(tiny())
+    x = tokens(B=3, T=16)
+    positions = torch.stack([torch.randperm(16, generator=torch.Generator().manual_seed(s))[:4] for s in range(3)])
+    targets = torch.randint(0, 100, (3, 4))
+    targets[2, 1] = -100                                        # an ignored slot stays ignored
+    dense_labels = torch.full((3, 16), -100).scatter(1, positions, targets)
+    sparse, dense = net(x, labels=targets, label_positions=positions), net(x, labels=dense_labels)
+    assert sparse["logits"].shape == (3, 4, 128)
+    assert abs(sparse["loss"].item() - dense["loss"].item()) < 1e-6
+    gathered = dense["logits"].gather(1, positions[..., None].expand(-1, -1, 128))
+    assert (gathered - sparse["logits"]).abs().max() < 1e-5
+
+
+# --- positions ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("positions", ["rotary", "alibi"])
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+def test_relative_positions_depend_only_on_offsets(positions, objective):
+    net = seeded_model(tiny(positions=positions, objective=objective))
+    x = tokens(B=2, T=10)
+    shifted = torch.arange(10)[None] + 13
+    assert (net.encode(x) - net.encode(x, position_ids=shifted)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_absolute_positions_change_with_offsets(positions):
+    net = seeded_model(tiny(positions=positions))
+    x = tokens(B=2, T=10)
+    assert (net.encode(x) - net.encode(x, position_ids=torch.arange(10)[None] + 13)).abs().max() > 1e-3
+
+
+def test_alibi_slopes_follow_the_paper():
+    assert torch.allclose(model.alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    twelve = model.alibi_slopes(12)    # 8 geometric slopes, then 4 interleaved from the 16-head set
+    assert torch.allclose(twelve[8:], torch.tensor([2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5]))
+
+
+# --- accounting ---------------------------------------------------------------------
+
+ACCOUNTING_CASES = [
+    {}, {"bias": True}, {"norm": "rmsnorm"}, {"ffn": "gelu"}, {"positions": "learned"}, {"tie_embeddings": False},
+    {"norm_position": "post", "embedding_norm": False}, {"num_labels": 3}, {"objective": "clm", "positions": "rotary"},
+]
+
+
+@pytest.mark.parametrize("overrides", ACCOUNTING_CASES)
+def test_parameter_count_matches_the_module(overrides):
+    cfg = tiny(**overrides)
+    net = model.build_model(cfg)
+    assert model.count_params(cfg) == sum(p.numel() for p in net.parameters())
+    embedding = net.tok_emb.weight.numel() + (net.pos_emb.weight.numel() if cfg["positions"] == "learned" else 0)
+    embedding += 0 if cfg["tie_embeddings"] else net.lm_head.weight.numel()
+    assert model.count_params(cfg, embeddings=False) == model.count_params(cfg) - embedding
+
+
+def math_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0):
+    """Attention written as two matmuls, so the FLOP counter sees them (CPU SDPA kernels are not counted)."""
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    T = q.shape[-2]
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("overrides", [{}, {"ffn": "gelu", "bias": True}, {"objective": "clm"}, {"tie_embeddings": False}])
+def test_flops_per_token_equals_a_count_of_the_matmuls(overrides, monkeypatch):
+    cfg = tiny(**overrides)
+    net = model.build_model(cfg)
+    monkeypatch.setattr(model.F, "scaled_dot_product_attention", math_attention)
+    B, T = 2, 16
+    x = tokens(B=B, T=T)
+    k = round(cfg["mask_rate"] * T)
+    with FlopCounterMode(display=False) as counter:
+        if cfg["objective"] == "mlm":
+            positions = torch.arange(k)[None].expand(B, -1)
+            loss = net(x, labels=x[:, :k], label_positions=positions)["loss"]
+        else:
+            loss = net(x, labels=x)["loss"]
+        loss.backward()
+    assert counter.get_total_flops() == model.flops_per_token(cfg, seq_len=T) * B * T
+
+
+# --- heads --------------------------------------------------------------------------
+
+def test_classification_head_gives_one_score_per_class():
+    net = model.add_classifier(seeded_model(tiny()), 3)
+    out = net.classify(tokens(B=4), labels=torch.tensor([0, 1, 2, 1]))
+    assert out["logits"].shape == (4, 3) and abs(out["loss"].item() - torch.log(torch.tensor(3.0)).item()) < 0.2
+    assert net.config["num_labels"] == 3
+
+
+def test_regression_head_uses_mean_squared_error():
+    net = model.add_classifier(seeded_model(tiny()), 1)
+    labels = torch.tensor([0.5, 4.0])
+    out = net.classify(tokens(B=2), labels=labels)
+    assert out["logits"].shape == (2, 1)
+    assert torch.allclose(out["loss"], F.mse_loss(out["logits"].squeeze(-1), labels))
+
+
+def test_classify_without_a_head_is_a_clear_error():
+    with pytest.raises(ValueError, match="add_classifier"):
+        seeded_model(tiny()).classify(tokens())
+
+
+def test_dropout_is_off_by_default_and_settable():
+    net = seeded_model(tiny()).train()
+    x = tokens()
+    assert torch.equal(net.encode(x), net.encode(x))
+    model.set_dropout(net, 0.1)
+    assert net.config["dropout"] == 0.1 and not torch.equal(net.encode(x), net.encode(x))
+    assert torch.equal(net.eval().encode(x), net.encode(x))
+
+
+# --- checkpoints and validation -----------------------------------------------------
+
+@pytest.mark.parametrize("overrides", [{}, {"positions": "learned", "num_labels": 2}, {"positions": "alibi", "objective": "clm"}])
+def test_save_then_load_gives_bitwise_equal_outputs(tmp_path, overrides):
+    net = seeded_model(tiny(**overrides))
+    model.save_model(net, tmp_path / "ckpt")
+    again = model.load_model(tmp_path / "ckpt")
+    x = tokens()
+    assert torch.equal(net(x)["logits"], again.eval()(x)["logits"])
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["config.json", "model.pt"]   # no temporary files left
+
+
+def test_loading_a_folder_without_weights_names_the_file(tmp_path):
+    with pytest.raises(ValueError, match="model.pt: missing"):
+        model.save_model(seeded_model(tiny()), tmp_path)
+        os.remove(tmp_path / "model.pt")
+        model.load_model(tmp_path)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"positons": "rotary"}, "unknown config key 'positons'"),
+    ({"positions": "relative"}, "'positions' must be one of"),
+    ({"n_heads": 5}, "'n_heads' \\(5\\) must divide 'd_model'"),
+    ({"n_layers": 0}, "'n_layers' must be a positive integer"),
+    ({"d_model": 32.0}, "'d_model' must be a positive integer"),
+    ({"bias": "no"}, "'bias' must be true or false"),
+    ({"dropout": 1.5}, "'dropout' must be in"),
+    ({"mask_rate": 0.0}, "'mask_rate' must be in"),
+    ({"positions": "rotary", "d_model": 36, "n_heads": 12}, "rotary needs an even head size"),
+])
+def test_bad_config_values_raise_a_clear_error(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny(**overrides)
+
+
+def test_unknown_preset_lists_the_choices():
+    with pytest.raises(ValueError, match="tiny, mini, small, base, large"):
+        model.make_config("huge")
+
+
+def test_sequence_longer_than_the_position_table_is_an_error():
+    with pytest.raises(ValueError, match="exceeds max_seq_len 32"):
+        seeded_model(tiny(positions="learned"))(tokens(T=40))

@@ -1,0 +1,135 @@
+"""Training-step throughput of our model against Hugging Face BertForMaskedLM of the same shape.
+
+    python bench/bench_model.py                     # base shape, CPU fp32 (or bf16 on a CUDA GPU)
+    python bench/bench_model.py --preset mini --steps 20
+
+Both models get the same depth, width, heads, vocabulary and sequence length, the same batch of masked tokens
+(25% masking) and AdamW; one step is forward + backward + optimizer step. The two are measured in alternating
+rounds in one process, so a busy machine slows both alike, and the script prints the ratio of median
+tokens/s. On CUDA it also prints our model's MFU against the GPU's peak bf16 FLOP/s.
+Needs `pip install transformers` (a benchmark-only dependency).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import model  # noqa: E402
+
+# Dense bf16 tensor-core peak FLOP/s (no sparsity) from the vendors' data sheets.
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A6000": 155e12, "4090": 165e12, "L40S": 362e12}
+
+
+def peak_flops(device):
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
+def make_batch(cfg, batch_size, device, seed=0):
+    """Random tokens with k = mask_rate * T masked positions per sequence, as data.py produces them."""
+    g = torch.Generator().manual_seed(seed)
+    T, V = cfg["max_seq_len"], cfg["vocab_size"]
+    k = round(cfg["mask_rate"] * T)
+    ids = torch.randint(5, V, (batch_size, T), generator=g)
+    positions = torch.stack([torch.randperm(T, generator=g)[:k] for _ in range(batch_size)])
+    labels = ids.gather(1, positions)
+    dense_labels = torch.full_like(ids, -100).scatter(1, positions, labels)
+    ids = ids.scatter(1, positions, 4)  # the [MASK] id
+    return {k_: v.to(device) for k_, v in dict(ids=ids, positions=positions, labels=labels, dense=dense_labels).items()}
+
+
+def ours(cfg, device):
+    net = model.build_model(cfg).to(device).train()
+    def step(b):
+        return net(b["ids"], labels=b["labels"], label_positions=b["positions"])["loss"]
+    return net, step
+
+
+def huggingface(cfg, device):
+    from transformers import BertConfig, BertForMaskedLM
+    hf_cfg = BertConfig(vocab_size=model.padded_vocab_size(cfg), hidden_size=cfg["d_model"],
+                        num_hidden_layers=cfg["n_layers"], num_attention_heads=cfg["n_heads"],
+                        intermediate_size=4 * cfg["d_model"], max_position_embeddings=cfg["max_seq_len"],
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    hf_cfg._attn_implementation = "sdpa"
+    net = BertForMaskedLM(hf_cfg).to(device).train()
+    def step(b):
+        return net(input_ids=b["ids"], labels=b["dense"]).loss
+    return net, step
+
+
+def timed_steps(net, step, batch, n, device, dtype):
+    """Median seconds of n training steps (after 2 warm-up steps)."""
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=device.type == "cuda")
+    times = []
+    for i in range(n + 2):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            loss = step(batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="base", help="model preset of model.py (default: base, the crammed BERT)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: 8 on CPU, 256 on CUDA)")
+    p.add_argument("--steps", type=int, default=6, help="timed steps per round (default: 6)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours / Hugging Face (default: 3)")
+    p.add_argument("--compile", action="store_true", help="torch.compile our model (CUDA)")
+    p.add_argument("--out", default=None, help="write the results as JSON to this file")
+    args = p.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    cfg = model.make_config(args.preset)
+    B = args.batch_size or (256 if device.type == "cuda" else 8)
+    batch = make_batch(cfg, B, device)
+    tokens = B * cfg["max_seq_len"]
+    net_a, step_a = ours(cfg, device)
+    if args.compile:
+        compiled = torch.compile(net_a)
+        step_a = lambda b: compiled(b["ids"], labels=b["labels"], label_positions=b["positions"])["loss"]  # noqa: E731
+    net_b, step_b = huggingface(cfg, device)
+    t_ours, t_hf = [], []
+    for _ in range(args.rounds):
+        t_ours += timed_steps(net_a, step_a, batch, args.steps, device, dtype)
+        t_hf += timed_steps(net_b, step_b, batch, args.steps, device, dtype)
+    tps_ours, tps_hf = tokens / statistics.median(t_ours), tokens / statistics.median(t_hf)
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).replace("torch.", ""), "preset": args.preset, "batch_size": B, "seq_len": cfg["max_seq_len"],
+        "params_ours": model.count_params(cfg), "params_hf": sum(p.numel() for p in net_b.parameters()),
+        "tokens_per_s_ours": round(tps_ours), "tokens_per_s_hf": round(tps_hf), "speedup": round(tps_ours / tps_hf, 3),
+    }
+    peak = peak_flops(device)
+    if peak:
+        result["mfu_ours"] = round(tps_ours * model.flops_per_token(cfg) / peak, 3)
+    print(f"{result['device']} {result['dtype']}, preset {args.preset}, batch {B} x {cfg['max_seq_len']} tokens")
+    print(f"  ours            {tps_ours:10.0f} tokens/s  ({result['params_ours'] / 1e6:.1f} M params)")
+    print(f"  HF BertForMLM   {tps_hf:10.0f} tokens/s  ({result['params_hf'] / 1e6:.1f} M params)")
+    print(f"  ratio ours / HF {result['speedup']:.2f}x" + (f"   MFU ours {result['mfu_ours']:.1%}" if peak else ""))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

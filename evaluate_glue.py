@@ -1,0 +1,721 @@
+"""GLUE fine-tuning, scoring and leaderboard submission files for a pretrained growcram checkpoint.
+
+    python evaluate_glue.py --download --glue-dir glue_data          # fetch the data (once)
+    python evaluate_glue.py --checkpoint runs/cram/final --glue-dir glue_data --out runs/glue --seeds 5
+
+Protocol: cramming's "GLUE-sane" (Geiping & Goldstein 2023, "Cramming: Training a Language Model on a Single
+GPU in One Day", ICML; `eval/GLUE_sane.yaml` in JonasGeiping/cramming). One set of hyperparameters for every
+task: AdamW lr 4e-5, betas (0.9, 0.98), eps 1e-6, no weight decay, batch 16, 5 epochs, cosine decay after a
+10% linear warmup, dropout 0.1, max length 128, inputs `[CLS] a [SEP] b [SEP]`, a fresh head per task. The dev
+score after the LAST epoch is kept (no best-epoch picking) and `--seeds K` reports the median of K fine-tunes.
+
+Score: the mean of 9 numbers, CoLA MCC, SST-2 acc, MRPC F1, STS-B Pearson, QQP F1, MNLI-m acc, MNLI-mm acc,
+QNLI acc, RTE acc, WNLI excluded (cramming reports 78.6-80.4 this way; bert-base-uncased gets 80.9).
+All metrics are reported in percent (x100), as in the papers.
+
+Data: the classic `glue_data/` folder of tab-separated files (no quoting anywhere; CoLA train/dev have no
+header). Test-set predictions are written in the leaderboard's format (`CoLA.tsv` ... `AX.tsv`).
+"""
+import argparse
+import copy
+import csv
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import data
+import model
+
+csv.field_size_limit(1 << 24)  # a few MNLI/QQP fields are long; the default 128 KiB limit is close
+
+# -----------------------------------------------------------------------------
+# The nine tasks: where their files are, which columns hold text and label, what is measured.
+# `dev` maps a suffix for metric names to a file ("" = one dev set); `test` maps a submission file
+# name to the test file it predicts (AX is the MNLI model applied to the diagnostic set).
+
+TASKS = {
+    "CoLA": dict(text=("sentence", None), label="label", classes=["0", "1"], metrics=("mcc",),
+                 dev={"": "dev.tsv"}, test={"CoLA": "test.tsv"}, score={"CoLA": "mcc"},
+                 # train/dev have no header row: source, label, original label ('*' or empty), sentence
+                 no_header=("source", "label", "original_label", "sentence")),
+    "SST-2": dict(text=("sentence", None), label="label", classes=["0", "1"], metrics=("accuracy",),
+                  dev={"": "dev.tsv"}, test={"SST-2": "test.tsv"}, score={"SST-2": "accuracy"}),
+    "MRPC": dict(text=("#1 String", "#2 String"), label="Quality", classes=["0", "1"], metrics=("f1", "accuracy"),
+                 dev={"": "dev.tsv"}, test={"MRPC": "test.tsv"}, score={"MRPC": "f1"}),
+    "STS-B": dict(text=("sentence1", "sentence2"), label="score", classes=None, metrics=("pearson", "spearman"),
+                  dev={"": "dev.tsv"}, test={"STS-B": "test.tsv"}, score={"STS-B": "pearson"}),
+    "QQP": dict(text=("question1", "question2"), label="is_duplicate", classes=["0", "1"], metrics=("f1", "accuracy"),
+                dev={"": "dev.tsv"}, test={"QQP": "test.tsv"}, score={"QQP": "f1"}),
+    "MNLI": dict(text=("sentence1", "sentence2"), label="gold_label", metrics=("accuracy",),
+                 classes=["contradiction", "entailment", "neutral"],
+                 dev={"m": "dev_matched.tsv", "mm": "dev_mismatched.tsv"},
+                 test={"MNLI-m": "test_matched.tsv", "MNLI-mm": "test_mismatched.tsv",
+                       "AX": os.path.join("..", "diagnostic", "diagnostic.tsv")},
+                 score={"MNLI-m": "accuracy_m", "MNLI-mm": "accuracy_mm"}),
+    "QNLI": dict(text=("question", "sentence"), label="label", classes=["entailment", "not_entailment"],
+                 metrics=("accuracy",), dev={"": "dev.tsv"}, test={"QNLI": "test.tsv"}, score={"QNLI": "accuracy"}),
+    "RTE": dict(text=("sentence1", "sentence2"), label="label", classes=["entailment", "not_entailment"],
+                metrics=("accuracy",), dev={"": "dev.tsv"}, test={"RTE": "test.tsv"}, score={"RTE": "accuracy"}),
+    "WNLI": dict(text=("sentence1", "sentence2"), label="label", classes=["0", "1"], metrics=("accuracy",),
+                 dev={"": "dev.tsv"}, test={"WNLI": "test.tsv"}, score={"WNLI": "accuracy"}),
+}
+SUBMISSION_FILES = ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm", "QNLI", "RTE", "WNLI", "AX"]
+
+
+
+def check_tasks(tasks):
+    if any(t not in TASKS for t in tasks):
+        raise ValueError(f"unknown task(s) {[t for t in tasks if t not in TASKS]}; choose from {','.join(TASKS)}")
+    return list(tasks)
+
+# -----------------------------------------------------------------------------
+# Reading the TSV files exactly as distributed
+
+
+def read_tsv(path, names=None):
+    """(header, rows as dicts with their line number under "_line", n_skipped) of a tab-separated file.
+
+    names=None: the first row is the header. Rows whose field count differs from the header are malformed
+    (QQP's train file has a few) and are skipped and counted rather than guessed at. utf-8-sig drops the
+    byte-order mark that MRPC's files start with.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: file not found")
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = list(names) if names else next(reader, None)
+        if not header:
+            raise ValueError(f"{path}: empty file, expected a header row")
+        rows, skipped = [], 0
+        for row in reader:
+            if len(row) != len(header):
+                skipped += 1
+                continue
+            rows.append({**dict(zip(header, row)), "_line": reader.line_num})
+    return header, rows, skipped
+
+
+def parse_split(spec, path, labelled):
+    """One split as plain lists: {"a", "b" (or None), "labels" (int class ids / floats / None), "index", ...}."""
+    names = spec.get("no_header") if labelled else None  # CoLA's test file does have a header
+    header, rows, skipped = read_tsv(path, names)
+    col_a, col_b = spec["text"]
+    needed = [c for c in (col_a, col_b, spec["label"] if labelled else None) if c]
+    for c in needed:
+        if c not in header:
+            raise ValueError(f"{path}: missing column {c!r} (header has {header})")
+    split = {"path": path, "skipped": skipped, "a": [r[col_a] for r in rows],
+             "b": [r[col_b] for r in rows] if col_b else None, "labels": None,
+             # test files carry an `index` (QQP: `id`) column that the leaderboard wants echoed back
+             "index": [r.get("index", r.get("id", str(i))) for i, r in enumerate(rows)]}
+    if labelled:
+        split["labels"] = parse_labels([(r[spec["label"]], r["_line"]) for r in rows], spec["classes"], path)
+    return split
+
+
+def parse_labels(raw, classes, path):
+    """(label string, line number) pairs -> class ids in `classes` order, or floats when classes is None."""
+    lookup = {c: i for i, c in enumerate(classes or [])}
+    out = []
+    for x, line in raw:
+        try:
+            out.append(float(x) if classes is None else lookup[x])
+        except (KeyError, ValueError):
+            expected = "a number" if classes is None else f"one of {classes}"
+            raise ValueError(f"{path}, line {line}: unknown label {x!r}; expected {expected}") from None
+    return np.array(out, dtype=np.float32 if classes is None else np.int64)
+
+
+def load_task(name, glue_dir, spec=None):
+    """Train, dev and (where present) test splits of one GLUE task folder."""
+    spec = spec or TASKS[name]
+    folder = os.path.join(glue_dir, name)
+    if not os.path.isdir(folder):
+        raise ValueError(f"{folder}: task folder for {name} not found (use --download, or point --glue-dir "
+                         f"at the folder that holds CoLA/, SST-2/, ...)")
+    task = {"train": parse_split(spec, os.path.join(folder, "train.tsv"), True),
+            "dev": {k: parse_split(spec, os.path.join(folder, f), True) for k, f in spec["dev"].items()},
+            "test": {}, "missing_test": []}
+    for sub, f in spec["test"].items():
+        path = os.path.normpath(os.path.join(folder, f))
+        if os.path.isfile(path):
+            task["test"][sub] = parse_split(spec, path, False)
+        else:
+            task["missing_test"].append((sub, f"{path} not found"))
+    return task
+
+
+def load_task_file(path, dev_path=None, task_type="auto"):
+    """A user's own task: a headed TSV with `sentence` or `sentence1` [+ `sentence2`] and `label`.
+
+    Classification unless every label is a number and at least one is not an integer (or task_type says so).
+    Without dev_path a fixed 10% of the rows (seed 0) is held out as dev.
+    """
+    header, rows, _ = read_tsv(path)
+    col_a = "sentence1" if "sentence1" in header else "sentence"
+    col_b = "sentence2" if "sentence2" in header else None
+    for c in (col_a, "label"):
+        if c not in header:
+            raise ValueError(f"{path}: missing column {c!r} (need `sentence` or `sentence1`[, `sentence2`], `label`)")
+    raw = [r["label"] for r in rows]
+    if task_type == "auto":
+        try:
+            values = [float(x) for x in raw]
+            task_type = "regression" if any(v != int(v) for v in values) else "classification"
+        except ValueError:
+            task_type = "classification"
+    classes = sorted(set(raw)) if task_type == "classification" else None
+    spec = dict(text=(col_a, col_b), label="label", classes=classes, dev={"": ""}, test={}, score={},
+                metrics=("accuracy", "mcc") if classes else ("pearson", "spearman"))
+    train = parse_split(spec, path, True)
+    if dev_path:
+        dev = parse_split(spec, dev_path, True)
+    else:  # hold out 10% of the training rows, the same rows every run
+        perm = np.random.default_rng(0).permutation(len(train["a"]))
+        n_dev = max(1, len(perm) // 10)
+        dev, train = subset(train, np.sort(perm[:n_dev])), subset(train, np.sort(perm[n_dev:]))
+    name = os.path.splitext(os.path.basename(path))[0]
+    return name, spec, {"train": train, "dev": {"": dev}, "test": {}, "missing_test": []}
+
+
+def subset(split, idx):
+    """The rows `idx` of a split (used by --max-train-examples and the task-file dev hold-out)."""
+    pick = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
+    out = {**split, "a": pick(split["a"]), "b": pick(split["b"]), "index": pick(split["index"])}
+    out["labels"] = None if split["labels"] is None else split["labels"][idx]
+    return out
+
+# -----------------------------------------------------------------------------
+# Metrics in numpy. All return fractions in [-1, 1] or [0, 1]; the report multiplies by 100.
+
+
+def accuracy(pred, gold):
+    return float(np.mean(np.asarray(pred) == np.asarray(gold)))
+
+
+def f1_score(pred, gold, positive=1):
+    """F1 of the positive class = 2TP / (2TP + FP + FN); 0 when there is no positive anywhere."""
+    pred, gold = np.asarray(pred) == positive, np.asarray(gold) == positive
+    tp, fp, fn = np.sum(pred & gold), np.sum(pred & ~gold), np.sum(~pred & gold)
+    return float(2 * tp / (2 * tp + fp + fn)) if tp + fp + fn > 0 else 0.0
+
+
+def matthews_corrcoef(pred, gold):
+    """Matthews correlation (Gorodkin's K-class form; for 2 classes it is (TP*TN - FP*FN) / sqrt(...)).
+
+    With confusion matrix C (K,K), c = trace, s = total, t_k = true counts, p_k = predicted counts:
+    MCC = (c*s - sum_k p_k t_k) / sqrt((s^2 - sum_k p_k^2) (s^2 - sum_k t_k^2)).
+    A constant prediction makes the denominator 0; we return 0 there (no information), like scikit-learn.
+    """
+    pred, gold = np.asarray(pred), np.asarray(gold)
+    classes = np.union1d(pred, gold)
+    t = np.array([np.sum(gold == k) for k in classes], dtype=np.float64)
+    p = np.array([np.sum(pred == k) for k in classes], dtype=np.float64)
+    c, s = float(np.sum(pred == gold)), float(len(gold))
+    denom = math.sqrt((s * s - p @ p) * (s * s - t @ t))
+    return float((c * s - p @ t) / denom) if denom > 0 else 0.0
+
+
+def pearson(x, y):
+    """Pearson correlation; 0 when either side is constant (scipy returns nan there, which would poison the mean)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    x, y = x - x.mean(), y - y.mean()
+    denom = math.sqrt(float(x @ x) * float(y @ y))
+    return float(x @ y / denom) if denom > 0 else 0.0
+
+
+def rankdata(x):
+    """Ranks 1..n with ties sharing the average of the ranks they span (e.g. [5, 1, 5] -> [2.5, 1, 2.5])."""
+    _, which, counts = np.unique(np.asarray(x), return_inverse=True, return_counts=True)
+    last = np.cumsum(counts)                # the distinct values, in order, occupy ranks last-count+1 .. last
+    return ((last - counts + 1 + last) / 2.0)[which.reshape(-1)]
+
+
+def spearman(x, y):
+    return pearson(rankdata(x), rankdata(y))
+
+
+METRICS = {"accuracy": accuracy, "f1": f1_score, "mcc": matthews_corrcoef, "pearson": pearson, "spearman": spearman}
+
+
+def task_metrics(spec, dev_preds, task):
+    """{metric[_suffix]: percent} over every dev set of a task, e.g. MNLI -> accuracy_m, accuracy_mm."""
+    out = {}
+    for suffix, split in task["dev"].items():
+        for name in spec["metrics"]:
+            key = f"{name}_{suffix}" if suffix else name
+            out[key] = 100.0 * METRICS[name](dev_preds[suffix], split["labels"])
+    return out
+
+
+def glue_score(numbers, include_wnli=False):
+    """(score, convention sentence) from {"CoLA": mcc, ..., "MNLI-m": acc, "MNLI-mm": acc, ...} in percent.
+
+    cramming's convention: the arithmetic mean of 9 numbers (MNLI-m and -mm separate, MRPC/QQP F1, STS-B
+    Pearson, CoLA MCC, the rest accuracy), WNLI excluded. A subset of tasks is marked as partial because its
+    mean is not comparable to published scores.
+    """
+    full = [k for t, spec in TASKS.items() for k in spec["score"] if t != "WNLI" or include_wnli]
+    used = [k for k in full if k in numbers]
+    if not used:
+        return None, "no GLUE task was evaluated"
+    score = float(np.mean([numbers[k] for k in used]))
+    wnli = "WNLI accuracy included" if include_wnli else "WNLI excluded"
+    convention = (f"cramming convention: mean of {len(full)} numbers, MNLI-m and -mm separate, MRPC/QQP F1, "
+                  f"STS-B Pearson, CoLA MCC, others accuracy, {wnli}")
+    if len(used) < len(full):
+        missing = [k for k in full if k not in numbers]
+        convention += f"; PARTIAL: {len(used)} of {len(full)} numbers, missing {', '.join(missing)}"
+    return score, convention
+
+# -----------------------------------------------------------------------------
+# Download: the classic GLUE zips, MRPC assembled from SentEval's files, the AX diagnostic set.
+
+GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/"
+MRPC_URL = "https://dl.fbaipublicfiles.com/senteval/senteval_data/"
+# Spelled out per task on purpose: the widely copied download script swaps the QQP and STS-B addresses.
+ZIPS = {"CoLA": "CoLA.zip", "SST-2": "SST-2.zip", "STS-B": "STS-B.zip", "QQP": "QQP-clean.zip",
+        "MNLI": "MNLI.zip", "QNLI": "QNLIv2.zip", "RTE": "RTE.zip", "WNLI": "WNLI.zip"}
+MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+
+
+def fetch(url, dest, retries=3, retry_wait_s=2.0, timeout_s=60):
+    """Download url to dest atomically (dest.tmp, then os.replace) with a progress bar and retries."""
+    tmp = dest + ".tmp"
+    reason = "?"
+    for attempt in range(1, retries + 1):
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as r, open(tmp, "wb") as f:
+                total = int(r.headers.get("Content-Length") or 0) or None
+                with tqdm(total=total, unit="B", unit_scale=True, desc=os.path.basename(dest), leave=False) as bar:
+                    while chunk := r.read(1 << 20):
+                        f.write(chunk)
+                        bar.update(len(chunk))
+            if total is not None and bar.n != total:
+                raise OSError(f"truncated: got {bar.n} of {total} bytes")
+            os.replace(tmp, dest)
+            return dest
+        except urllib.error.HTTPError as e:  # the server answered: 404 will not change on retry
+            reason = f"HTTP {e.code}"
+            if e.code < 500:
+                break
+        except (urllib.error.URLError, OSError, TimeoutError) as e:
+            reason = str(getattr(e, "reason", e))
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if attempt < retries:
+            time.sleep(retry_wait_s * 2 ** (attempt - 1))
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    raise SystemExit(f"download failed: {url}: {reason} (offline? set --download-url to a reachable mirror)")
+
+
+def extract_task_zip(zip_path, glue_dir, task):
+    """Unzip into a scratch folder, then move the task folder into place in one rename."""
+    scratch = os.path.join(glue_dir, f".extract_{task}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    with zipfile.ZipFile(zip_path) as z:
+        for member in z.namelist():  # refuse paths that would land outside the scratch folder
+            if os.path.isabs(member) or ".." in member.split("/"):
+                raise ValueError(f"{zip_path}: unsafe path {member!r} in zip")
+        z.extractall(scratch)
+    tops = [d for d in os.listdir(scratch) if os.path.isdir(os.path.join(scratch, d)) and d != "__MACOSX"]
+    top = task if task in tops else (tops[0] if len(tops) == 1 else None)
+    if top is None:
+        raise ValueError(f"{zip_path}: expected one folder named {task} in the zip, found {tops}")
+    os.replace(os.path.join(scratch, top), os.path.join(glue_dir, task))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_text(path, text):
+    data.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
+
+
+def build_mrpc(folder):
+    """train.tsv/dev.tsv/test.tsv from SentEval's MSR paraphrase files and the list of dev (#1 ID, #2 ID) pairs."""
+    with open(os.path.join(folder, "mrpc_dev_ids.tsv"), encoding="utf-8-sig") as f:
+        dev_ids = {tuple(line.strip().split("\t")) for line in f if line.strip()}
+    # train.tsv is written last: its presence is what marks a task folder as complete
+    parts = {"dev": [MRPC_HEADER], "test": ["index\t#1 ID\t#2 ID\t#1 String\t#2 String\n"], "train": [MRPC_HEADER]}
+    for name in ("train", "test"):
+        src = os.path.join(folder, f"msr_paraphrase_{name}.txt")
+        with open(src, encoding="utf-8-sig") as f:
+            next(f)  # header
+            for i, line in enumerate(f):
+                fields = line.rstrip("\r\n").split("\t")
+                if len(fields) != 5:
+                    raise ValueError(f"{src}: line {i + 2} has {len(fields)} fields, expected 5")
+                label, id1, id2, s1, s2 = fields
+                if name == "test":
+                    parts["test"].append(f"{i}\t{id1}\t{id2}\t{s1}\t{s2}\n")
+                else:
+                    parts["dev" if (id1, id2) in dev_ids else "train"].append(line.rstrip("\r\n") + "\n")
+    for name, lines in parts.items():
+        write_text(os.path.join(folder, f"{name}.tsv"), "".join(lines))
+
+
+def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries=3, retry_wait_s=2.0):
+    """Fetch every task in `tasks` that is not already in glue_dir (plus AX when MNLI is asked for)."""
+    os.makedirs(glue_dir, exist_ok=True)
+    base_url, mrpc_url = base_url.rstrip("/") + "/", mrpc_url.rstrip("/") + "/"
+    get = lambda url, dest: fetch(url, dest, retries=retries, retry_wait_s=retry_wait_s)  # noqa: E731
+    for task in tasks:
+        if os.path.isfile(os.path.join(glue_dir, task, "train.tsv")):
+            print(f"{task}: already in {glue_dir}, not downloaded again")
+            continue
+        if task == "MRPC":
+            folder = os.path.join(glue_dir, "MRPC")
+            os.makedirs(folder, exist_ok=True)
+            for f in ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt"):
+                get(mrpc_url + f, os.path.join(folder, f))
+            get(base_url + "mrpc_dev_ids.tsv", os.path.join(folder, "mrpc_dev_ids.tsv"))
+            build_mrpc(folder)
+        else:
+            if os.path.isdir(os.path.join(glue_dir, task)):  # never delete a user's folder to make room
+                raise ValueError(f"{os.path.join(glue_dir, task)}: exists without train.tsv; remove it and retry")
+            zip_path = get(base_url + ZIPS[task], os.path.join(glue_dir, ZIPS[task]))
+            extract_task_zip(zip_path, glue_dir, task)
+            os.remove(zip_path)
+        print(f"{task}: downloaded to {os.path.join(glue_dir, task)}")
+    ax = os.path.join(glue_dir, "diagnostic", "diagnostic.tsv")
+    if "MNLI" in tasks and not os.path.isfile(ax):
+        os.makedirs(os.path.dirname(ax), exist_ok=True)
+        get(base_url + "AX.tsv", ax)
+        print(f"AX: downloaded to {ax}")
+
+# -----------------------------------------------------------------------------
+# Inputs: [CLS] a [SEP] b [SEP], tokenized once per task, padded per batch
+
+
+def join_pair(a, b, ids, max_len):
+    """Token lists a, b (or None) -> [CLS] a [SEP] (b [SEP]), at most max_len tokens.
+
+    When too long the longer segment is cut first, ending with the two halves equal (a keeps the extra
+    token of an odd budget), the same result as removing one token at a time from the longer side.
+    """
+    if b is None:
+        return [ids["cls"]] + a[:max_len - 2] + [ids["sep"]]
+    budget = max_len - 3
+    keep_b = min(len(b), max(budget // 2, budget - len(a)))
+    keep_a = min(len(a), budget - keep_b)
+    return [ids["cls"]] + a[:keep_a] + [ids["sep"]] + b[:keep_b] + [ids["sep"]]
+
+
+def encode_split(enc, split, ids, max_len, clean=lambda t: t):
+    """A parsed split -> list of token-id lists (tiktoken's batch encoder runs on several threads).
+    clean: the same text cleaning the pretraining corpus had (e.g. lowercasing), applied before encoding."""
+    a = enc.encode_ordinary_batch([clean(t) for t in split["a"]])
+    b = enc.encode_ordinary_batch([clean(t) for t in split["b"]]) if split["b"] is not None else [None] * len(a)
+    # int32 arrays take ~5x less memory than lists of Python ints (QQP and MNLI have ~400k pairs each)
+    return [np.array(join_pair(x, y, ids, max_len), dtype=np.int32) for x, y in zip(a, b)]
+
+
+def pad_batch(seqs, pad_id, device):
+    """Right-pad to the longest sequence in this batch: input_ids (B, T) and attention_mask (B, T), 1 = real."""
+    T = max(len(s) for s in seqs)
+    input_ids = np.full((len(seqs), T), pad_id, dtype=np.int64)
+    mask = np.zeros((len(seqs), T), dtype=np.int64)
+    for i, s in enumerate(seqs):
+        input_ids[i, :len(s)] = s
+        mask[i, :len(s)] = 1
+    return torch.from_numpy(input_ids).to(device), torch.from_numpy(mask).to(device)
+
+# -----------------------------------------------------------------------------
+# Fine-tuning one task with one seed
+
+
+def lr_factor(step, warmup_steps, total_steps):
+    """Multiplier of the peak lr before optimizer step `step` (0-based): linear warmup from 0, then cosine to 0."""
+    if step < warmup_steps:
+        return step / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def autocast(device):
+    """bf16 autocast on a GPU that supports it (no loss scaling needed); plain fp32 elsewhere."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+@torch.no_grad()
+def predict(net, seqs, pad_id, batch_size, device, classes):
+    """Class ids (argmax) or regression outputs (classes=None) for token lists, batched longest-first so that
+    each batch pads little."""
+    net.eval()
+    order = np.argsort([-len(s) for s in seqs], kind="stable")
+    out = np.zeros((len(seqs), net.config["num_labels"]), dtype=np.float32)
+    for start in range(0, len(seqs), batch_size):
+        idx = order[start:start + batch_size]
+        input_ids, mask = pad_batch([seqs[i] for i in idx], pad_id, device)
+        with autocast(device):
+            logits = net.classify(input_ids, mask)["logits"]
+        out[idx] = logits.float().cpu().numpy()
+    return out[:, 0] if classes is None else out.argmax(-1)
+
+
+def finetune(trunk, spec, encoded, labels, settings, seed, device, progress=True, desc=""):
+    """Copy the pretrained trunk, attach a fresh head, train for settings["epochs"] epochs and return the
+    trained model. encoded: token lists of the train split; labels: its (N,) class ids or floats."""
+    torch.manual_seed(seed)  # the head init and dropout masks
+    net = copy.deepcopy(trunk)
+    model.add_classifier(net, 1 if spec["classes"] is None else len(spec["classes"]))
+    model.set_dropout(net, settings["dropout"])  # pretraining runs without dropout; fine-tuning uses it
+    net.to(device).train()
+    bs, n = settings["batch_size"], len(encoded)
+    total = settings["epochs"] * math.ceil(n / bs)
+    warmup = int(round(settings["warmup"] * total))
+    opt = torch.optim.AdamW(net.parameters(), lr=settings["lr"], betas=(0.9, 0.98), eps=1e-6,
+                            weight_decay=settings["weight_decay"], fused=device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total))
+    rng = np.random.default_rng(seed)
+    target = torch.from_numpy(labels)
+    bar = tqdm(total=total, desc=desc, leave=False, disable=not progress)
+    for _ in range(settings["epochs"]):
+        perm = rng.permutation(n)
+        for start in range(0, n, bs):
+            idx = perm[start:start + bs]
+            input_ids, mask = pad_batch([encoded[i] for i in idx], settings["pad_id"], device)
+            with autocast(device):
+                loss = net.classify(input_ids, mask, target[idx].to(device))["loss"]
+            loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            bar.update(1)
+            if bar.n % 50 == 0:
+                bar.set_postfix(loss=f"{loss.item():.4f}")  # .item() waits for the GPU, so only now and then
+    bar.close()
+    return net
+
+
+def write_submission(path, index, preds, classes):
+    """The leaderboard format: header `index<TAB>prediction`, labels as the task's strings, STS-B in [0, 5]."""
+    lines = ["index\tprediction\n"]
+    for i, p in zip(index, preds):
+        lines.append(f"{i}\t{min(5.0, max(0.0, float(p))):.3f}\n" if classes is None else f"{i}\t{classes[int(p)]}\n")
+    write_text(path, "".join(lines))
+
+# -----------------------------------------------------------------------------
+# The whole evaluation
+
+
+def text_cleaning(checkpoint, clean=None):
+    """The cleaning data.py applied before pretraining (Unicode form, lowercasing, accents), so fine-tuning text
+    looks like pretraining text: `clean` if given, else the `settings.clean` of a meta.json in the checkpoint
+    folder, else data.py's defaults."""
+    if clean is not None:
+        return clean, "given"
+    path = os.path.join(checkpoint, "meta.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            found = json.load(f).get("settings", {}).get("clean")
+        if found is not None:
+            return found, path
+    return {}, "data.py defaults"
+
+
+def run_task(name, spec, task_data, net_io, settings, progress=True):
+    """Fine-tune one task settings["seeds"] times. Returns (result dict, {submission name: predictions}).
+
+    net_io = (trunk, enc, ids, clean, device). Tokenization happens once here; every seed reuses it.
+    """
+    trunk, enc, ids, clean, device = net_io
+    t0, train, max_len = time.time(), task_data["train"], settings["max_len"]
+    cap = settings["max_train_examples"]
+    if cap and len(train["a"]) > cap:  # a fixed random subset (seed 0) for quick runs
+        train = subset(train, np.sort(np.random.default_rng(0).choice(len(train["a"]), cap, replace=False)))
+    enc_train = encode_split(enc, train, ids, max_len, clean)
+    enc_dev = {k: encode_split(enc, s, ids, max_len, clean) for k, s in task_data["dev"].items()}
+    enc_test = {k: encode_split(enc, s, ids, max_len, clean) for k, s in task_data["test"].items()
+                if settings["predict_test"]}  # test sets are only needed for submission files
+    runs = []
+    for seed in range(settings["seeds"]):
+        net = finetune(trunk, spec, enc_train, train["labels"], settings, seed, device, progress, f"{name} seed {seed}")
+        preds = {split: {k: predict(net, seqs, ids["pad"], settings["eval_batch_size"], device, spec["classes"])
+                         for k, seqs in encoded.items()} for split, encoded in (("dev", enc_dev), ("test", enc_test))}
+        runs.append({"seed": seed, "metrics": task_metrics(spec, preds["dev"], task_data), "test": preds["test"]})
+        del net
+    metrics = {k: float(np.median([r["metrics"][k] for r in runs])) for k in runs[0]["metrics"]}
+    # Test predictions come from the run closest to the median of the headline metric (for odd K: the median run).
+    headline = [spec["metrics"][0] + (f"_{k}" if k else "") for k in task_data["dev"]]
+    per_run = np.array([np.mean([r["metrics"][k] for k in headline]) for r in runs])
+    chosen = runs[int(np.argmin(np.abs(per_run - np.median(per_run))))]
+    skipped = {"train": task_data["train"]["skipped"],
+               **{"dev" + (f"_{k}" if k else ""): s["skipped"] for k, s in task_data["dev"].items()}}
+    for k, n in skipped.items():
+        if n:
+            print(f"{name}: skipped {n} malformed row(s) in {k}")
+    print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()) + f"  ({time.time() - t0:.0f} s)")
+    result = {"metrics": metrics, "per_seed": [{"seed": r["seed"], **r["metrics"]} for r in runs],
+              "submission_seed": chosen["seed"], "n_train": len(enc_train),
+              "n_dev": {k or "dev": len(v) for k, v in enc_dev.items()}, "skipped_rows": skipped,
+              "seconds": round(time.time() - t0, 2)}
+    return result, chosen["test"]
+
+
+def evaluate(checkpoint, glue_dir="glue_data", tasks=None, seeds=5, out=None, epochs=5, lr=4e-5, batch_size=16,
+             warmup=0.1, dropout=0.1, weight_decay=0.0, max_len=128, eval_batch_size=128, max_train_examples=None,
+             include_wnli=False, device=None, task_file=None, task_dev_file=None, task_type="auto", clean=None,
+             progress=True):
+    """Fine-tune `checkpoint` (a folder with config.json, model.pt, tokenizer.json) on each task `seeds` times.
+
+    Returns the results dict (also written to out/results.json with out/results.md and out/submission/*.tsv):
+    {"tasks": {name: {"metrics": median per metric, "per_seed": [...], ...}}, "glue_score", "glue_convention",
+    "glue_numbers", "submission_files", "missing_submissions", ...}, all metrics in percent.
+    tasks=None means all nine GLUE tasks (or only the task file when one is given). clean: keyword arguments
+    of data.clean_text (default: what the checkpoint's meta.json records, else data.py's defaults).
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tasks = ([] if task_file else list(TASKS)) if tasks is None else check_tasks(tasks)
+    tok_path = os.path.join(checkpoint, "tokenizer.json")
+    enc = data.load_tokenizer(tok_path)
+    ids = data.special_ids(enc)
+    trunk = model.load_model(checkpoint, device=device)
+    cfg = trunk.config
+    if enc.n_vocab > model.padded_vocab_size(cfg):
+        raise ValueError(f"{tok_path}: {enc.n_vocab} tokens but the model embeds only {cfg['vocab_size']}")
+    if cfg["positions"] in ("learned", "sinusoidal") and max_len > cfg["max_seq_len"]:
+        print(f"max length {max_len} > the model's {cfg['max_seq_len']} positions: using {cfg['max_seq_len']}")
+        max_len = cfg["max_seq_len"]
+    clean, clean_source = text_cleaning(checkpoint, clean)
+    settings = dict(epochs=epochs, lr=lr, batch_size=batch_size, warmup=warmup, dropout=dropout,
+                    weight_decay=weight_decay, max_len=max_len, seeds=seeds, eval_batch_size=eval_batch_size,
+                    max_train_examples=max_train_examples, clean=clean, pad_id=ids["pad"], predict_test=bool(out))
+    print(f"protocol: AdamW lr {lr:g} (betas 0.9/0.98, eps 1e-6, wd {weight_decay:g}), batch {batch_size}, "
+          f"{epochs} epochs, cosine with {warmup:.0%} warmup, dropout {dropout:g}, max length {max_len}, "
+          f"last-epoch dev score, median of {seeds} seed(s), device {device}; text cleaning {clean} ({clean_source})")
+    net_io = (trunk, enc, ids, lambda t: data.clean_text(t, **clean)[0], device)
+
+    results = {"checkpoint": checkpoint, "glue_dir": glue_dir, "units": "percent",
+               "settings": {k: v for k, v in settings.items() if k not in ("pad_id", "predict_test")}, "tasks": {},
+               "submission_files": []}
+    missing = {}  # submission name -> why it was not written
+    jobs = [(name, TASKS[name], lambda name=name: load_task(name, glue_dir)) for name in tasks]
+    if task_file:
+        name, spec, task_data = load_task_file(task_file, task_dev_file, task_type)
+        jobs.append((name, spec, lambda: task_data))
+    for name, spec, load in jobs:
+        task_data = load()  # one task at a time in memory: QQP and MNLI are large
+        results["tasks"][name], test_preds = run_task(name, spec, task_data, net_io, settings, progress)
+        missing.update({sub: why for sub, why in task_data["missing_test"]})
+        for sub, preds in test_preds.items():  # empty unless out is set
+            os.makedirs(os.path.join(out, "submission"), exist_ok=True)
+            write_submission(os.path.join(out, "submission", f"{sub}.tsv"), task_data["test"][sub]["index"], preds,
+                             spec["classes"])
+            results["submission_files"].append(f"{sub}.tsv")
+
+    numbers = {sub: results["tasks"][t]["metrics"][key] for t, spec in TASKS.items() if t in results["tasks"]
+               and (t != "WNLI" or include_wnli) for sub, key in spec["score"].items()}
+    score, convention = glue_score(numbers, include_wnli)
+    results.update(glue_score=score, glue_convention=convention, glue_numbers=numbers)
+    results["missing_submissions"] = {} if not out else {
+        sub: missing.get(sub, "its task was not run") for sub in SUBMISSION_FILES
+        if f"{sub}.tsv" not in results["submission_files"]}
+    table = markdown_table(results)
+    print(table)
+    for sub, why in results["missing_submissions"].items():
+        print(f"{sub}.tsv not written: {why}")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        write_text(os.path.join(out, "results.json"), json.dumps(results, indent=2) + "\n")
+        write_text(os.path.join(out, "results.md"), table)
+        print(f"wrote {out}/results.json, {out}/results.md and {len(results['submission_files'])} submission file(s)")
+    return results
+
+
+def markdown_table(results):
+    """One row per reported number: median over seeds, then each seed's value."""
+    s = results["settings"]
+    lines = [f"# GLUE dev results for `{results['checkpoint']}`", "",
+             f"lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']} epochs, cosine with {s['warmup']:.0%} warmup, "
+             f"dropout {s['dropout']:g}, max length {s['max_len']}; median of {s['seeds']} seed(s); percent.", "",
+             "| task | metric | median | per seed |", "|---|---|---:|---|"]
+    for name, r in results["tasks"].items():
+        in_score = {key for sub, key in TASKS[name]["score"].items() if sub in results["glue_numbers"]} \
+            if name in TASKS else set()
+        for k, v in r["metrics"].items():
+            mark = "" if k in in_score else " (not in score)"
+            seeds = ", ".join(f"{p[k]:.2f}" for p in r["per_seed"])
+            lines.append(f"| {name} | {k}{mark} | {v:.2f} | {seeds} |")
+    score = "n/a" if results["glue_score"] is None else f"{results['glue_score']:.2f}"
+    return "\n".join(lines) + f"\n\nGLUE score ({results['glue_convention']}): {score}\n"
+
+# -----------------------------------------------------------------------------
+# Command line
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="GLUE fine-tuning and scoring (cramming's GLUE-sane protocol).")
+    # Inputs
+    p.add_argument("--checkpoint", help="pretrained run folder holding config.json, model.pt and tokenizer.json")
+    p.add_argument("--glue-dir", default="glue_data", help="folder with CoLA/, SST-2/, ... (default glue_data)")
+    p.add_argument("--tasks", default=None, help=f"comma-separated subset of {','.join(TASKS)} (default all nine)")
+    p.add_argument("--task-file", default=None, help="your own headed TSV task: sentence or sentence1[,sentence2], "
+                   "label (class name or float)")
+    p.add_argument("--task-dev-file", default=None, help="dev TSV for --task-file (default: hold out 10%% of rows)")
+    p.add_argument("--task-type", default="auto", choices=("auto", "classification", "regression"),
+                   help="label type of --task-file (auto: regression iff some label is a non-integer number)")
+    # Protocol (defaults: cramming GLUE-sane)
+    p.add_argument("--seeds", type=int, default=5, help="fine-tuning runs per task; the median is reported")
+    p.add_argument("--epochs", type=int, default=5, help="passes over each training set")
+    p.add_argument("--lr", type=float, default=4e-5, help="peak AdamW learning rate")
+    p.add_argument("--batch-size", type=int, default=16, help="training batch size in sequences")
+    p.add_argument("--warmup", type=float, default=0.1, help="linear warmup as a fraction of all steps, then cosine")
+    p.add_argument("--dropout", type=float, default=0.1, help="dropout probability during fine-tuning")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--max-len", type=int, default=128, help="max tokens per input including [CLS]/[SEP]")
+    p.add_argument("--lowercase", action="store_true", default=None, help="lowercase GLUE text (default: as the "
+                   "checkpoint's meta.json records, else no); set it if the pretraining corpus was lowercased")
+    p.add_argument("--strip-accents", action="store_true", default=None, help="strip accents (default: as recorded)")
+    p.add_argument("--include-wnli", action="store_true", help="count WNLI accuracy in the GLUE score (cramming: no)")
+    # Speed
+    p.add_argument("--eval-batch-size", type=int, default=128, help="sequences per evaluation batch")
+    p.add_argument("--max-train-examples", type=int, default=-1, help="train on a fixed random subset (-1 = all)")
+    p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    # Download
+    p.add_argument("--download", action="store_true", help="fetch the missing task folders into --glue-dir first")
+    p.add_argument("--download-url", default=GLUE_URL, help="base URL of the GLUE zips, AX.tsv and mrpc_dev_ids.tsv")
+    p.add_argument("--mrpc-url", default=MRPC_URL, help="base URL of SentEval's msr_paraphrase_{train,test}.txt")
+    p.add_argument("--retries", type=int, default=3, help="download attempts per file")
+    # Output
+    p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and submission/*.tsv")
+    args = p.parse_args(argv)
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    clean = None if args.lowercase is None and args.strip_accents is None else \
+        {"lowercase": bool(args.lowercase), "strip_accents": bool(args.strip_accents)}
+    try:
+        if args.download:
+            download_glue(args.glue_dir, check_tasks(tasks or TASKS), args.download_url, args.mrpc_url, args.retries)
+            if not args.checkpoint:
+                return None
+        if not args.checkpoint:
+            raise ValueError("--checkpoint is required (a pretrained run folder), unless --download alone is used")
+        return evaluate(args.checkpoint, args.glue_dir, tasks=tasks, seeds=args.seeds, out=args.out,
+                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, warmup=args.warmup,
+                        dropout=args.dropout, weight_decay=args.weight_decay, max_len=args.max_len,
+                        eval_batch_size=args.eval_batch_size,
+                        max_train_examples=args.max_train_examples if args.max_train_examples > 0 else None,
+                        include_wnli=args.include_wnli, device=args.device, task_file=args.task_file,
+                        task_dev_file=args.task_dev_file, task_type=args.task_type, clean=clean,
+                        progress=not args.no_progress)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,419 @@
+"""evaluate_glue.py as a spec: TSV formats, numpy metrics, the GLUE-score convention, downloads, an end-to-end run.
+
+    python -m pytest -q tests/test_glue.py
+
+The fixture glue_data/ below is written in the exact formats of the classic GLUE distribution (a few rows per
+task); the end-to-end run fine-tunes a tiny random model on it on the CPU in seconds.
+"""
+import functools
+import http.server
+import json
+import math
+import os
+import shutil
+import socket
+import threading
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate_glue as eg
+
+# -----------------------------------------------------------------------------
+# A fixture glue_data/ in the distributed formats
+
+MNLI_TRAIN_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+                   "sentence1_parse", "sentence2_parse", "sentence1", "sentence2"]
+STSB_HEAD = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2"]
+WORDS = "the cat dog sat ran on a mat big small red house tree quickly slowly happy sad river bank".split()
+
+
+def sentence(i, n=6):
+    """Deterministic varied text; quotes and apostrophes check that nothing treats them as quoting."""
+    words = [WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n + i % 4)]
+    return ('"' if i % 3 == 0 else "") + " ".join(words) + ("'s end ." if i % 2 else " .")
+
+
+def tsv(path, header, rows, bom=False):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    lines = (["\t".join(header)] if header else []) + ["\t".join(map(str, r)) for r in rows]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(("\ufeff" if bom else "") + "\n".join(lines) + "\n")
+
+
+def write_fixture(root, n_train=8, n_dev=6, n_test=4):
+    """Every task folder with train/dev/test files as the GLUE distribution lays them out, plus AX."""
+    j = os.path.join
+    label2 = lambda i: i % 2  # noqa: E731
+    nli3 = ["contradiction", "entailment", "neutral"]
+    ent2 = ["entailment", "not_entailment"]
+    for split, n, off in (("train", n_train, 0), ("dev", n_dev, 100)):
+        r = range(off, off + n)
+        tsv(j(root, "CoLA", f"{split}.tsv"), None,  # no header: source, label, original label, sentence
+            [["gj04", label2(i), "" if label2(i) else "*", sentence(i)] for i in r])
+        tsv(j(root, "SST-2", f"{split}.tsv"), ["sentence", "label"], [[sentence(i) + " ", label2(i)] for i in r])
+        tsv(j(root, "MRPC", f"{split}.tsv"), ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+            [[label2(i), 1000 + i, 2000 + i, sentence(i), sentence(i + 1)] for i in r], bom=True)
+        tsv(j(root, "STS-B", f"{split}.tsv"), STSB_HEAD + ["score"],
+            [[i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", sentence(i), sentence(i + 2),
+              f"{(i % 6) * 0.8:.3f}"] for i in r])
+        qqp = [[i, 3 * i, 3 * i + 1, sentence(i) + "?", sentence(i + 3) + "?", label2(i)] for i in r]
+        if split == "train":  # a malformed row: a question broken by a newline, as in QQP's train file
+            qqp.insert(2, [99999, 1, 2, "How is the life of a math student?"])
+        tsv(j(root, "QQP", f"{split}.tsv"), ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"], qqp)
+        parses = ["( a )", "( b )", "(ROOT a)", "(ROOT b)"]
+        tsv(j(root, "QNLI", f"{split}.tsv"), ["index", "question", "sentence", "label"],
+            [[i, sentence(i) + "?", sentence(i + 1), ent2[i % 2]] for i in r])
+        for task, labels in (("RTE", ent2), ("WNLI", ["0", "1"])):
+            tsv(j(root, task, f"{split}.tsv"), ["index", "sentence1", "sentence2", "label"],
+                [[i, sentence(i), sentence(i + 1), labels[i % 2]] for i in r])
+        if split == "train":
+            tsv(j(root, "MNLI", "train.tsv"), MNLI_TRAIN_HEAD + ["label1", "gold_label"],
+                [[i, i, f"{i}e", "fiction", *parses, sentence(i), sentence(i + 1), nli3[i % 3], nli3[i % 3]]
+                 for i in r])
+        else:
+            for name, o in (("dev_matched", 0), ("dev_mismatched", 50)):
+                tsv(j(root, "MNLI", f"{name}.tsv"),
+                    MNLI_TRAIN_HEAD + [f"label{k}" for k in range(1, 6)] + ["gold_label"],
+                    [[i, i, f"{i}n", "travel", *parses, sentence(i + o), sentence(i + o + 1), *[nli3[i % 3]] * 5,
+                      nli3[i % 3]] for i in r])
+    t = range(200, 200 + n_test)
+    tsv(j(root, "CoLA", "test.tsv"), ["index", "sentence"], [[k, sentence(i)] for k, i in enumerate(t)])
+    tsv(j(root, "SST-2", "test.tsv"), ["index", "sentence"], [[k, sentence(i)] for k, i in enumerate(t)])
+    tsv(j(root, "MRPC", "test.tsv"), ["index", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+        [[k, 3000 + i, 4000 + i, sentence(i), sentence(i + 1)] for k, i in enumerate(t)])
+    tsv(j(root, "STS-B", "test.tsv"), STSB_HEAD,
+        [[k, "main-news", "headlines", "2015", f"{i:04d}", "none", "none", sentence(i), sentence(i + 1)]
+         for k, i in enumerate(t)])
+    tsv(j(root, "QQP", "test.tsv"), ["id", "question1", "question2"],
+        [[k, sentence(i) + "?", sentence(i + 1) + "?"] for k, i in enumerate(t)])
+    for name in ("test_matched", "test_mismatched"):
+        tsv(j(root, "MNLI", f"{name}.tsv"), MNLI_TRAIN_HEAD,
+            [[k, i, f"{i}c", "slate", *parses, sentence(i), sentence(i + 1)] for k, i in enumerate(t)])
+    tsv(j(root, "QNLI", "test.tsv"), ["index", "question", "sentence"],
+        [[k, sentence(i) + "?", sentence(i + 1)] for k, i in enumerate(t)])
+    for task in ("RTE", "WNLI"):
+        tsv(j(root, task, "test.tsv"), ["index", "sentence1", "sentence2"],
+            [[k, sentence(i), sentence(i + 1)] for k, i in enumerate(t)])
+    tsv(j(root, "diagnostic", "diagnostic.tsv"), ["index", "sentence1", "sentence2"],
+        [[k, sentence(i), sentence(i + 5)] for k, i in enumerate(range(300, 305))])
+    return root
+
+
+@pytest.fixture(scope="module")
+def glue_dir(tmp_path_factory):
+    return write_fixture(str(tmp_path_factory.mktemp("glue") / "glue_data"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, glue_dir):
+    """A tiny random model and a tokenizer trained on the fixture text, saved as a training run would."""
+    import data
+    import model
+    folder = str(tmp_path_factory.mktemp("ckpt"))
+    texts = [sentence(i) for i in range(400)] * 4
+    enc = data.train_tokenizer(texts, 320)
+    data.save_tokenizer(enc, os.path.join(folder, "tokenizer.json"))
+    cfg = model.make_config("tiny", vocab_size=enc.n_vocab, n_layers=1, d_model=32, n_heads=2, ffn_dim=64)
+    model.save_model(model.build_model(cfg), folder)
+    return folder
+
+# -----------------------------------------------------------------------------
+# Reading the formats
+
+
+def test_cola_train_has_no_header_and_keeps_every_row(glue_dir):
+    d = eg.load_task("CoLA", glue_dir)
+    assert len(d["train"]["a"]) == 8 and d["train"]["b"] is None
+    assert d["train"]["a"][0] == sentence(0)  # column 4, the leading quote kept verbatim (no quoting)
+    assert d["train"]["labels"].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert d["test"]["CoLA"]["index"] == ["0", "1", "2", "3"]  # the test file does have a header
+
+
+def test_qqp_malformed_row_is_skipped_and_counted(glue_dir):
+    d = eg.load_task("QQP", glue_dir)
+    assert d["train"]["skipped"] == 1 and len(d["train"]["a"]) == 8
+    assert d["test"]["QQP"]["index"] == ["0", "1", "2", "3"]  # QQP's test file calls the column `id`
+
+
+def test_mrpc_header_with_byte_order_mark_is_read_by_name(glue_dir):
+    d = eg.load_task("MRPC", glue_dir)
+    assert d["train"]["a"][1] == sentence(1) and d["train"]["b"][1] == sentence(2)
+    assert d["train"]["labels"].tolist()[:2] == [0, 1]
+
+
+def test_mnli_reads_gold_label_and_both_dev_sets_and_ax(glue_dir):
+    d = eg.load_task("MNLI", glue_dir)
+    assert d["train"]["labels"].tolist()[:3] == [0, 1, 2]  # contradiction, entailment, neutral
+    assert sorted(d["dev"]) == ["m", "mm"] and d["dev"]["mm"]["a"][0] == sentence(150)
+    assert sorted(d["test"]) == ["AX", "MNLI-m", "MNLI-mm"] and len(d["test"]["AX"]["a"]) == 5
+
+
+def test_stsb_score_is_a_float_label(glue_dir):
+    d = eg.load_task("STS-B", glue_dir)
+    assert d["train"]["labels"].dtype == np.float32
+    assert d["train"]["labels"][:3].tolist() == pytest.approx([0.0, 0.8, 1.6])
+
+
+def test_missing_task_folder_is_one_line_error_naming_it(tmp_path):
+    with pytest.raises(ValueError, match=r"RTE: task folder for RTE not found") as e:
+        eg.load_task("RTE", str(tmp_path))
+    assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_missing_column_names_the_file_and_column(tmp_path):
+    tsv(str(tmp_path / "SST-2" / "train.tsv"), ["text", "label"], [["good", 1]])
+    with pytest.raises(ValueError, match=r"SST-2/train.tsv: missing column 'sentence'"):
+        eg.load_task("SST-2", str(tmp_path))
+
+
+def test_unknown_label_names_the_file_and_row(tmp_path):
+    tsv(str(tmp_path / "RTE" / "train.tsv"), ["index", "sentence1", "sentence2", "label"],
+        [[0, "a", "b", "entailment"], [1, "a", "b", "maybe"]])
+    with pytest.raises(ValueError, match=r"RTE/train.tsv, line 3: unknown label 'maybe'; expected one of"):
+        eg.load_task("RTE", str(tmp_path))
+
+
+def test_cli_turns_bad_input_into_one_line_exit(tmp_path, checkpoint):
+    with pytest.raises(SystemExit) as e:
+        eg.main(["--checkpoint", checkpoint, "--glue-dir", str(tmp_path), "--tasks", "CoLA", "--no-progress",
+                 "--out", str(tmp_path / "run")])
+    assert str(e.value).startswith("error: ") and "CoLA" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_task_file_detects_regression_and_holds_out_ten_percent(tmp_path):
+    path = str(tmp_path / "mine.tsv")
+    tsv(path, ["sentence1", "sentence2", "label"], [[sentence(i), sentence(i + 1), i * 0.5] for i in range(20)])
+    name, spec, d = eg.load_task_file(path)
+    assert name == "mine" and spec["classes"] is None and spec["metrics"] == ("pearson", "spearman")
+    assert len(d["dev"][""]["a"]) == 2 and len(d["train"]["a"]) == 18
+
+# -----------------------------------------------------------------------------
+# Metrics against hand-computed values
+
+
+def test_binary_metrics_by_hand():
+    pred, gold = [1, 1, 0, 0, 1], [1, 0, 0, 1, 1]  # TP 2, FP 1, TN 1, FN 1
+    assert eg.accuracy(pred, gold) == pytest.approx(3 / 5)
+    assert eg.f1_score(pred, gold) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
+    assert eg.matthews_corrcoef(pred, gold) == pytest.approx((2 * 1 - 1 * 1) / math.sqrt(3 * 3 * 2 * 2))
+
+
+def test_multiclass_mcc_by_hand():
+    # c=4 correct of s=6; true counts t=(2,2,2), predicted p=(2,3,1): (4*6 - 12) / sqrt((36-14)(36-12))
+    assert eg.matthews_corrcoef([0, 1, 1, 1, 2, 0], [0, 0, 1, 1, 2, 2]) == pytest.approx(12 / math.sqrt(22 * 24))
+
+
+def test_constant_predictions_score_zero_not_nan():
+    gold = [0, 1, 1, 0]
+    assert eg.matthews_corrcoef([1, 1, 1, 1], gold) == 0.0
+    assert eg.f1_score([0, 0, 0, 0], gold) == 0.0
+    assert eg.f1_score([1, 1, 1, 1], gold) == pytest.approx(2 * 2 / (4 + 2))
+    assert eg.pearson([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]) == 0.0
+    assert eg.spearman([3, 3, 3], [1, 2, 3]) == 0.0
+
+
+def test_pearson_and_spearman_with_ties_by_hand():
+    assert eg.pearson([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert eg.rankdata([5, 1, 5, 3, 5]).tolist() == [4.0, 1.0, 4.0, 2.0, 4.0]  # three-way tie shares ranks 3,4,5
+    # ranks x = (1, 2.5, 2.5, 4), y = (1, 2, 3, 4): covariance 4.5, variances 4.5 and 5
+    assert eg.spearman([1, 2, 2, 3], [10, 20, 30, 40]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
+
+
+def test_glue_score_is_mean_of_nine_numbers_without_wnli():
+    numbers = {"CoLA": 44.5, "SST-2": 92.2, "MRPC": 87.5, "STS-B": 84.6, "QQP": 87.3, "MNLI-m": 83.9,
+               "MNLI-mm": 84.1, "QNLI": 89.5, "RTE": 53.8, "WNLI": 10.0}
+    score, convention = eg.glue_score(numbers)
+    assert score == pytest.approx(78.6, abs=0.05)  # cramming v1 (A6000) row
+    assert "9 numbers" in convention and "WNLI excluded" in convention and "PARTIAL" not in convention
+    score, convention = eg.glue_score(numbers, include_wnli=True)
+    assert score == pytest.approx((78.6 * 9 + 10.0) / 10, abs=0.05) and "10 numbers" in convention
+
+
+def test_glue_score_of_a_subset_says_partial():
+    score, convention = eg.glue_score({"CoLA": 40.0, "RTE": 60.0})
+    assert score == 50.0 and "PARTIAL: 2 of 9 numbers" in convention
+
+# -----------------------------------------------------------------------------
+# Inputs and schedule
+
+
+def test_pair_truncation_cuts_the_longer_segment_first():
+    ids = {"cls": 1, "sep": 2}
+    a, b = list(range(10, 40)), list(range(100, 105))  # 30 and 5 tokens, room for 20 - 3 = 17
+    x = eg.join_pair(a, b, ids, 20)
+    assert x == [1] + a[:12] + [2] + b + [2]
+    x = eg.join_pair(a, list(range(100, 140)), ids, 20)  # both long: 9 + 8 (a keeps the odd token)
+    assert x == [1] + a[:9] + [2] + list(range(100, 108)) + [2]
+    assert eg.join_pair(a, None, ids, 8) == [1] + a[:6] + [2]
+
+
+def test_text_is_cleaned_like_the_pretraining_corpus(tmp_path, checkpoint):
+    import data
+    enc = data.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
+    ids = data.special_ids(enc)
+    split = {"a": ["The CAT sat"], "b": None}
+    with open(tmp_path / "meta.json", "w") as f:  # a prepared-data record saying the corpus was lowercased
+        json.dump({"settings": {"clean": {"lowercase": True}}}, f)
+    clean, source = eg.text_cleaning(str(tmp_path))
+    assert clean == {"lowercase": True} and source.endswith("meta.json")
+    cleaner = lambda t: data.clean_text(t, **clean)[0]  # noqa: E731
+    got = eg.encode_split(enc, split, ids, 32, cleaner)[0].tolist()
+    assert got == [ids["cls"]] + enc.encode_ordinary("the cat sat") + [ids["sep"]]
+    assert eg.text_cleaning(checkpoint) == ({}, "data.py defaults")
+
+
+def test_batches_are_right_padded_to_their_longest_row():
+    ids, mask = eg.pad_batch([np.array([5, 6, 7]), np.array([8])], 0, "cpu")
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_predictions_come_back_in_input_order_despite_length_sorting():
+    class LengthNet(torch.nn.Module):  # "predicts" each row's length; class = length parity
+        config = {"num_labels": 2}
+
+        def classify(self, input_ids, attention_mask):
+            n = attention_mask.sum(1).float()
+            return {"logits": torch.stack([n, n + (n % 2) * 2 - 1], 1)}
+    seqs = [np.arange(n) for n in (3, 7, 1, 4, 4, 9, 2)]
+    got = eg.predict(LengthNet(), seqs, 0, 2, torch.device("cpu"), classes=["even", "odd"])
+    assert got.tolist() == [1, 1, 1, 0, 0, 1, 0]
+    got = eg.predict(LengthNet(), seqs, 0, 3, torch.device("cpu"), classes=None)  # regression: first output
+    assert got.tolist() == [3, 7, 1, 4, 4, 9, 2]
+
+
+def test_cosine_schedule_with_linear_warmup():
+    assert [eg.lr_factor(s, 10, 110) for s in (0, 5, 10)] == [0.0, 0.5, 1.0]
+    assert eg.lr_factor(60, 10, 110) == pytest.approx(0.5)  # halfway through the cosine
+    assert eg.lr_factor(110, 10, 110) == pytest.approx(0.0)
+
+# -----------------------------------------------------------------------------
+# End to end: every metric, every submission file
+
+
+def test_end_to_end_tiny_model_produces_every_metric_and_submission_file(tmp_path, glue_dir, checkpoint, capsys):
+    out = str(tmp_path / "run")
+    results = eg.main(["--checkpoint", checkpoint, "--glue-dir", glue_dir, "--out", out, "--epochs", "1",
+                       "--seeds", "1", "--max-train-examples", "6", "--batch-size", "4", "--no-progress"])
+    metrics = {t: set(r["metrics"]) for t, r in results["tasks"].items()}
+    assert metrics == {"CoLA": {"mcc"}, "SST-2": {"accuracy"}, "MRPC": {"f1", "accuracy"},
+                       "STS-B": {"pearson", "spearman"}, "QQP": {"f1", "accuracy"},
+                       "MNLI": {"accuracy_m", "accuracy_mm"},
+                       "QNLI": {"accuracy"}, "RTE": {"accuracy"}, "WNLI": {"accuracy"}}
+    assert results["tasks"]["QQP"]["n_train"] == 6 and results["tasks"]["QQP"]["skipped_rows"]["train"] == 1
+    assert results["settings"]["max_len"] == 64  # capped at the tiny model's 64 positions
+    nine = list(results["glue_numbers"].values())
+    assert len(nine) == 9 and results["glue_score"] == pytest.approx(np.mean(nine))
+    printed = capsys.readouterr().out
+    assert "GLUE score (cramming convention: mean of 9 numbers" in printed and "WNLI excluded" in printed
+    # the leaderboard's files: header, one row per test example, labels as the task's strings
+    sub = os.path.join(out, "submission")
+    assert sorted(os.listdir(sub)) == sorted(f"{s}.tsv" for s in eg.SUBMISSION_FILES)
+    for name in eg.SUBMISSION_FILES:
+        lines = open(os.path.join(sub, f"{name}.tsv")).read().splitlines()
+        assert lines[0] == "index\tprediction" and len(lines) == 1 + (5 if name == "AX" else 4)
+        preds = [line.split("\t")[1] for line in lines[1:]]
+        allowed = {"MNLI-m": eg.TASKS["MNLI"]["classes"], "MNLI-mm": eg.TASKS["MNLI"]["classes"],
+                   "AX": eg.TASKS["MNLI"]["classes"], "QNLI": ["entailment", "not_entailment"],
+                   "RTE": ["entailment", "not_entailment"]}.get(name, ["0", "1"])
+        if name == "STS-B":
+            assert all(0.0 <= float(p) <= 5.0 for p in preds)
+        else:
+            assert set(preds) <= set(allowed)
+    saved = json.load(open(os.path.join(out, "results.json")))
+    assert saved["glue_score"] == pytest.approx(results["glue_score"]) and not saved["missing_submissions"]
+    table = open(os.path.join(out, "results.md")).read()
+    assert "| CoLA | mcc | " in table and "| WNLI | accuracy (not in score) |" in table
+
+
+def test_seeds_report_the_median_and_missing_ax_is_reported(tmp_path, glue_dir, checkpoint):
+    no_ax = str(tmp_path / "glue_data")
+    shutil.copytree(glue_dir, no_ax, ignore=shutil.ignore_patterns("diagnostic"))
+    r = eg.evaluate(checkpoint, no_ax, tasks=["RTE", "MNLI"], seeds=3, out=str(tmp_path / "run"), epochs=1,
+                    batch_size=4, max_train_examples=4, progress=False)
+    per_seed = [p["accuracy"] for p in r["tasks"]["RTE"]["per_seed"]]
+    assert len(per_seed) == 3 and r["tasks"]["RTE"]["metrics"]["accuracy"] == pytest.approx(np.median(per_seed))
+    assert per_seed[r["tasks"]["RTE"]["submission_seed"]] == np.median(per_seed)  # test files from the median run
+    assert r["missing_submissions"]["AX"].endswith(os.path.join("diagnostic", "diagnostic.tsv") + " not found")
+    assert r["missing_submissions"]["CoLA"] == "its task was not run"
+    assert not os.path.exists(str(tmp_path / "run" / "submission" / "AX.tsv"))
+    assert "PARTIAL: 3 of 9 numbers" in r["glue_convention"]
+
+
+def test_task_file_end_to_end(tmp_path, checkpoint):
+    path = str(tmp_path / "sentiment.tsv")
+    tsv(path, ["sentence", "label"], [[sentence(i), ["neg", "pos"][i % 2]] for i in range(20)])
+    r = eg.evaluate(checkpoint, None, task_file=path, seeds=1, epochs=1, batch_size=4, progress=False)
+    assert set(r["tasks"]) == {"sentiment"} and set(r["tasks"]["sentiment"]["metrics"]) == {"accuracy", "mcc"}
+    assert r["glue_score"] is None
+
+# -----------------------------------------------------------------------------
+# Download against a local HTTP server
+
+
+def build_mirror(glue_dir, root):
+    """The public layout: task zips and AX.tsv under glue/, SentEval's raw MRPC files under senteval/."""
+    os.makedirs(os.path.join(root, "glue"))
+    os.makedirs(os.path.join(root, "senteval"))
+    for task, zip_name in eg.ZIPS.items():
+        with zipfile.ZipFile(os.path.join(root, "glue", zip_name), "w") as z:
+            for f in sorted(os.listdir(os.path.join(glue_dir, task))):
+                z.write(os.path.join(glue_dir, task, f), f"{task}/{f}")
+    shutil.copy(os.path.join(glue_dir, "diagnostic", "diagnostic.tsv"), os.path.join(root, "glue", "AX.tsv"))
+    _, train, _ = eg.read_tsv(os.path.join(glue_dir, "MRPC", "train.tsv"))
+    _, dev, _ = eg.read_tsv(os.path.join(glue_dir, "MRPC", "dev.tsv"))
+    cols = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
+    mixed = [dev[0]] + train[:4] + dev[1:] + train[4:]  # dev pairs are picked by id, wherever they are
+    tsv(os.path.join(root, "senteval", "msr_paraphrase_train.txt"), cols, [[r[c] for c in cols] for r in mixed],
+        bom=True)
+    tsv(os.path.join(root, "senteval", "msr_paraphrase_test.txt"), cols,
+        [[1, 3000 + i, 4000 + i, sentence(i), sentence(i + 1)] for i in range(200, 204)], bom=True)
+    tsv(os.path.join(root, "glue", "mrpc_dev_ids.tsv"), None, [[r["#1 ID"], r["#2 ID"]] for r in dev])
+
+
+@pytest.fixture
+def mirror(tmp_path, glue_dir):
+    root = str(tmp_path / "mirror")
+    build_mirror(glue_dir, root)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_download_reproduces_the_glue_folder(tmp_path, glue_dir, mirror):
+    dest = str(tmp_path / "downloaded")
+    eg.main(["--download", "--glue-dir", dest, "--download-url", mirror + "/glue/", "--mrpc-url", mirror + "/senteval"])
+    for task in eg.TASKS:
+        for f in ("train.tsv", "dev.tsv", "dev_matched.tsv", "test.tsv", "test_matched.tsv"):
+            if os.path.exists(os.path.join(glue_dir, task, f)):
+                got, want = eg.read_tsv(os.path.join(dest, task, f))[1], eg.read_tsv(os.path.join(glue_dir, task, f))[1]
+                assert got == want, f"{task}/{f}"
+    assert open(os.path.join(dest, "QQP", "train.tsv")).readline().startswith("id\tqid1")  # no QQP/STS-B swap
+    assert os.path.isfile(os.path.join(dest, "diagnostic", "diagnostic.tsv"))
+    assert not [f for f in os.listdir(dest) if f.endswith((".zip", ".tmp")) or f.startswith(".extract")]
+    eg.download_glue(dest, list(eg.TASKS), base_url="http://invalid.invalid/")  # all present: nothing fetched
+
+
+def test_download_missing_file_fails_at_once_naming_the_url(tmp_path, mirror):
+    with pytest.raises(SystemExit, match=r"download failed: .*/nowhere/RTE.zip: HTTP 404"):
+        eg.download_glue(str(tmp_path / "g"), ["RTE"], base_url=mirror + "/nowhere/", retry_wait_s=60)
+
+
+def test_download_offline_is_one_line_error(tmp_path):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens here now: connection refused
+    with pytest.raises(SystemExit) as e:
+        eg.download_glue(str(tmp_path / "g"), ["RTE"], base_url=f"http://127.0.0.1:{port}/", retries=2, retry_wait_s=0)
+    msg = str(e.value)
+    assert msg.startswith(f"download failed: http://127.0.0.1:{port}/RTE.zip") and "\n" not in msg
+    assert not os.listdir(str(tmp_path / "g"))  # no partial files left behind

@@ -1,0 +1,200 @@
+"""Specification of train.py: python -m pytest -q tests/test_train.py
+
+Every run uses the bundled Shakespeare sample, a 512-token BPE prepared once per session, and the tiny preset.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import model
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--seq-len", "32", "--micro-batch", "4",
+        "--batch-tokens", "256", "--eval-batches", "2", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """The sample corpus prepared once: tokenizer + shards shared by every run of this file."""
+    folder = str(tmp_path_factory.mktemp("cache"))
+    train.main(TINY + ["--cache", folder, "--max-steps", "1", "--out", os.path.join(folder, "warmup")])
+    return folder
+
+
+def run(cache, out, *flags):
+    return train.main(TINY + ["--cache", cache, "--out", str(out), *flags])
+
+
+def read_log(out):
+    with open(os.path.join(out, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def weights(folder):
+    return torch.load(os.path.join(folder, "model.pt"), weights_only=True)
+
+
+def spawn(cache, out, *flags, launcher=()):
+    return subprocess.Popen([sys.executable, *launcher, os.path.join(ROOT, "train.py"), *TINY, "--cache", cache,
+                             "--out", str(out), *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+# --- schedules --------------------------------------------------------------------------
+
+def test_triangle_rises_from_a_quarter_to_the_peak_at_75_percent_then_falls_to_zero():
+    values = [train.lr_multiplier(p, "triangle") for p in (0.0, 0.25, 0.5, 0.75, 0.875, 1.0)]
+    assert values == pytest.approx([0.25, 0.5, 0.75, 1.0, 0.5, 0.0])
+
+
+def test_one_cycle_peaks_at_half_the_budget():
+    assert [train.lr_multiplier(p, "one-cycle") for p in (0.0, 0.25, 0.5, 0.75, 1.0)] == pytest.approx([0, 0.5, 1, 0.5, 0])
+
+
+def test_linear_and_cosine_warm_up_then_decay_to_zero():
+    for shape in ("linear", "cosine"):
+        assert train.lr_multiplier(0.05, shape, warmup=0.1) == pytest.approx(0.5)
+        assert train.lr_multiplier(0.1, shape, warmup=0.1) == pytest.approx(1.0)
+        assert train.lr_multiplier(1.0, shape, warmup=0.1) == pytest.approx(0.0)
+    assert train.lr_multiplier(0.55, "linear", warmup=0.1) == pytest.approx(0.5)
+    assert train.lr_multiplier(0.55, "cosine", warmup=0.1) == pytest.approx(0.5)
+
+
+def test_batch_ramp_reaches_the_target_at_60_percent():
+    steps = [train.accumulation_steps(p, 8, ramp=0.6) for p in (0.0, 0.1, 0.3, 0.59, 0.6, 0.9)]
+    assert steps == [1, 2, 5, 8, 8, 8]
+    assert train.accumulation_steps(0.0, 8, ramp=0.0) == 8
+
+
+# --- end to end -------------------------------------------------------------------------
+
+def test_end_to_end_run_learns_and_writes_every_output(cache, tmp_path):
+    summary = run(cache, tmp_path, "--max-steps", "60", "--lr", "3e-3")
+    evals = [r["val_loss"] for r in read_log(tmp_path) if r["kind"] == "eval"]
+    assert len(evals) >= 10 and evals[-1] < evals[0] - 0.5      # held-out loss falls by > 0.5 nats
+    assert summary["steps"] == 60 and summary["final_val_loss"] == evals[-1]
+    assert json.load(open(tmp_path / "summary.json"))["steps"] == 60
+    net = model.load_model(tmp_path / "final")
+    assert net.config["n_layers"] == 2 and net.config["vocab_size"] == 512
+    import data
+    enc = data.load_tokenizer(str(tmp_path / "final" / "tokenizer.json"))
+    assert enc.decode(enc.encode_ordinary("To be, or not to be")) == "To be, or not to be"
+
+
+def test_log_records_lr_and_batch_ramp(cache, tmp_path):
+    run(cache, tmp_path, "--max-steps", "20", "--batch-ramp", "0.5")
+    steps = [r for r in read_log(tmp_path) if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == list(range(1, 21))
+    assert steps[0]["batch_tokens"] == 128 and steps[-1]["batch_tokens"] == 256
+    assert steps[0]["lr"] == pytest.approx(1e-3 * 0.25) and steps[-1]["lr"] == pytest.approx(1e-3 * 4 * (1 - 19 / 20))
+
+
+def test_wall_clock_budget_stops_within_one_step(cache, tmp_path):
+    summary = run(cache, tmp_path, "--minutes", "0.05", "--eval-every", "0.5")   # a 3-second budget
+    steps = [r for r in read_log(tmp_path) if r["kind"] == "train"]
+    step_time = max(b["elapsed"] - a["elapsed"] for a, b in zip(steps, steps[1:]))
+    assert 3.0 <= summary["elapsed_s"] <= 3.0 + step_time + 0.5
+    assert steps[-1]["progress"] < 1.0 and summary["status"] == "budget spent"
+
+
+def test_token_budget_counts_all_tokens(cache, tmp_path):
+    summary = run(cache, tmp_path, "--max-tokens", "2560", "--batch-ramp", "0")
+    assert summary["tokens"] == 2560 and summary["steps"] == 10
+
+
+# --- fault tolerance --------------------------------------------------------------------
+
+def test_run_killed_and_resumed_ends_with_the_same_weights(cache, tmp_path):
+    flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50"]
+    run(cache, tmp_path / "straight", *flags)
+    proc = spawn(cache, tmp_path / "killed", *flags)
+    ckpt = tmp_path / "killed" / "checkpoint.pt"
+    while not ckpt.exists() and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (tmp_path / "killed" / "summary.json").exists()
+    summary = run(cache, tmp_path / "killed", "--resume", "--max-steps", "300")
+    assert summary["steps"] == 300
+    a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(cache, tmp_path):
+    proc = spawn(cache, tmp_path, "--max-steps", "100000", "--eval-every", "1")
+    log = tmp_path / "log.jsonl"
+    while not (log.exists() and log.stat().st_size > 0) and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "stopped by signal" in output
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]
+    assert 0 < state["step"] < 100000
+
+
+def test_non_finite_losses_are_skipped_and_logged(cache, tmp_path):
+    summary = run(cache, tmp_path, "--max-steps", "10", "--inject-nan", "4")
+    skips = [r for r in read_log(tmp_path) if r["kind"] == "skip"]
+    assert len(skips) == 1 and summary["skipped_steps"] == 1 and summary["steps"] == 10
+
+
+def test_repeated_non_finite_losses_stop_and_restore_the_last_good_checkpoint(cache, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run(cache, tmp_path, "--max-steps", "20", "--checkpoint-steps", "3", "--inject-nan", "5,6,7",
+            "--max-bad-steps", "3")
+    assert stop.value.code == 1
+    assert "3 non-finite losses in a row" in capsys.readouterr().out
+    good = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert good["state"]["step"] == 3
+    restored = weights(tmp_path / "final")
+    assert all(torch.equal(restored[k], good["model"][k]) for k in restored)
+
+
+# --- distributed ------------------------------------------------------------------------
+
+def test_two_process_ddp_equals_one_process_with_the_same_global_batch(cache, tmp_path):
+    flags = ["--max-steps", "5", "--batch-ramp", "0", "--batch-tokens", "256", "--eval-every", "1"]
+    run(cache, tmp_path / "single", *flags, "--micro-batch", "8")
+    proc = spawn(cache, tmp_path / "ddp", *flags, "--micro-batch", "4",
+                 launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-2000:]
+    summary = json.load(open(tmp_path / "ddp" / "summary.json"))
+    assert summary["world_size"] == 2 and summary["tokens"] == 5 * 256
+    a, b = weights(tmp_path / "single" / "final"), weights(tmp_path / "ddp" / "final")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+# --- command line -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags,message", [
+    ([], "give a budget"),
+    (["--hours", "-1"], "--hours must be positive"),
+    (["--max-steps", "3", "--model", "huge"], "--model must be one of"),
+    (["--max-steps", "3", "--schedule", "square"], "invalid choice: 'square'"),
+    (["--max-steps", "3", "--batch-ramp", "1.5"], "--batch-ramp and --warmup must be in"),
+])
+def test_bad_flags_give_one_line_errors(flags, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        train.parse_args(flags)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("train.py: error:") and message in err
+
+
+def test_missing_data_path_is_a_one_line_error(tmp_path):
+    with pytest.raises(SystemExit, match="data path not found: .*nowhere.*--data sample"):
+        train.main(["--data", str(tmp_path / "nowhere"), "--max-steps", "1", "--out", str(tmp_path / "out")])
+
+
+def test_existing_run_is_not_overwritten_without_resume(cache, tmp_path):
+    run(cache, tmp_path, "--max-steps", "2")
+    with pytest.raises(SystemExit, match="checkpoint.pt exists; pass --resume"):
+        run(cache, tmp_path, "--max-steps", "2")

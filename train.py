@@ -1,0 +1,558 @@
+"""train.py: turn a corpus into the best model a wall-clock budget allows (cramming), on one CPU or many GPUs.
+
+    python train.py --hours 24                                   # FineWeb-Edu, crammed-BERT base, one GPU
+    python train.py --data sample --model tiny --minutes 2       # offline, on the bundled Shakespeare
+    torchrun --nproc_per_node=8 train.py --hours 3               # data parallel on 8 GPUs (DDP)
+    python train.py --resume --out runs/bert                     # continue a stopped run, same budget
+
+Everything that changes during the run is a function of progress p = elapsed / budget in [0, 1] (Geiping &
+Goldstein 2022, Sec. 3): the learning rate (default: the budget triangle, 25% of peak rising to the peak at
+p = 0.75, then linearly to 0), the batch-size ramp (the target batch reached at p = 0.6), growth stages (grow.py),
+and when the run stops. Step or token budgets (--max-steps, --max-tokens) give the same schedules on a
+deterministic clock, which is what the tests use. The wall clock counts everything after the data is prepared:
+model construction, torch.compile, evaluation and checkpoints (cramming counts compilation too).
+
+Output in --out: log.jsonl (one line per logged step, evaluation and growth event), checkpoint.pt (everything
+needed to resume: weights, optimizer, progress, RNG and loader state), final/ (model.py's checkpoint folder with
+tokenizer.json and the data's meta.json beside it), summary.json (also printed).
+"""
+import argparse
+import json
+import math
+import os
+import signal
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+import data
+import model
+
+# -----------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="train.py", description="Budgeted language-model pretraining (cramming).",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("budget (the run ends at the first one reached; give at least one)")
+    g.add_argument("--hours", type=float, default=None, help="wall-clock budget in hours")
+    g.add_argument("--minutes", type=float, default=None, help="wall-clock budget in minutes")
+    g.add_argument("--max-steps", type=int, default=None, help="budget in optimizer steps")
+    g.add_argument("--max-tokens", type=float, default=None, help="budget in training tokens (all ranks)")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default="fineweb", help="'fineweb' (download FineWeb-Edu shards), 'sample' (bundled "
+                   "Shakespeare) or a file/folder of .txt/.jsonl/.jsonl.gz/.parquet")
+    g.add_argument("--cache", default="cache", help="folder for downloads, tokenizer and token shards")
+    g.add_argument("--vocab-size", type=int, default=32768, help="tokenizer vocabulary (cramming: 32768)")
+    g.add_argument("--tokenizer", default="train", help="'train' (own BPE), 'gpt2', 'cl100k_base' or a tokenizer.json")
+    g.add_argument("--lowercase", action="store_true", help="lowercase and strip accents before tokenizing")
+    g.add_argument("--fineweb-shards", type=int, default=None,
+                   help="FineWeb-Edu shards to download (default: as many as the budget should consume)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="base", help=f"preset of model.py: {', '.join(model.PRESETS)}")
+    g.add_argument("--objective", choices=["mlm", "clm"], default="mlm", help="masked LM encoder or causal LM decoder")
+    for key in ("n_layers", "d_model", "n_heads", "ffn_dim"):
+        g.add_argument("--" + key.replace("_", "-"), type=int, default=None, help=f"override the preset's {key}")
+    for key in ("positions", "norm", "norm_position", "ffn"):
+        g.add_argument("--" + key.replace("_", "-"), choices=model.CHOICES[key], default=None,
+                       help=f"override the preset's {key}")
+    g.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (cramming: 128)")
+    g.add_argument("--mask-rate", type=float, default=0.25, help="fraction of tokens masked for MLM (cramming: 0.25)")
+    g.add_argument("--grow", default=None, help="growth schedule (grow.py), e.g. "
+                   "'0:layers=4,hidden=384,seq=64; 0.25:layers=8,seq=128; 0.5:layers=16,hidden=768' or a preset name")
+    g = p.add_argument_group("optimization (defaults: cramming's recipe)")
+    g.add_argument("--batch-tokens", type=int, default=8192 * 128,
+                   help="target global batch in tokens, reached by gradient accumulation (cramming: 8192 x 128)")
+    g.add_argument("--micro-batch", type=int, default=128, help="sequences per forward pass on each device")
+    g.add_argument("--batch-ramp", type=float, default=0.6,
+                   help="fraction of the budget over which the batch grows linearly to its target (0 = off)")
+    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    g.add_argument("--schedule", choices=["triangle", "one-cycle", "linear", "cosine", "constant"], default="triangle",
+                   help="learning-rate shape as a function of budget progress")
+    g.add_argument("--warmup", type=float, default=0.06, help="warm-up fraction of the budget (linear, cosine)")
+    g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decoupled weight decay (not on norms/biases)")
+    g.add_argument("--betas", type=float, nargs=2, default=[0.9, 0.98], help="AdamW betas")
+    g.add_argument("--eps", type=float, default=1e-12, help="AdamW epsilon")
+    g.add_argument("--clip", type=float, default=0.5, help="gradient clipping L2 norm (0 = off)")
+    g = p.add_argument_group("system")
+    g.add_argument("--device", choices=["auto", "cuda", "mps", "cpu"], default="auto", help="where to train")
+    g.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="autocast dtype: auto = bf16 on a CUDA GPU that supports it, fp32 elsewhere")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model (compile time counts)")
+    g.add_argument("--seed", type=int, default=0, help="seed for initialization and the batch stream")
+    g = p.add_argument_group("output, evaluation and checkpoints")
+    g.add_argument("--out", default="runs/cram", help="output folder")
+    g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with the saved settings")
+    g.add_argument("--eval-every", type=float, default=0.1, help="held-out evaluation every this fraction of the budget")
+    g.add_argument("--eval-batches", type=int, default=20, help="held-out batches per evaluation")
+    g.add_argument("--log-every", type=int, default=10, help="write a log line every N optimizer steps")
+    g.add_argument("--checkpoint-minutes", type=float, default=30.0, help="save a resumable checkpoint every N minutes")
+    g.add_argument("--checkpoint-steps", type=int, default=0, help="also save one every N optimizer steps (0 = off)")
+    g.add_argument("--max-bad-steps", type=int, default=5,
+                   help="consecutive non-finite losses before the run stops and restores the last good checkpoint")
+    g.add_argument("--inject-nan", default="", help=argparse.SUPPRESS)  # tests: make update attempts "3,4,5" non-finite
+    args = p.parse_args(argv)
+    check_args(p, args)
+    return args
+
+
+def check_args(parser, args):
+    """One-line errors for flags that parse but make no sense."""
+    if not any(v is not None for v in (args.hours, args.minutes, args.max_steps, args.max_tokens)):
+        parser.error("give a budget: --hours, --minutes, --max-steps or --max-tokens")
+    for name in ("hours", "minutes", "max_steps", "max_tokens"):
+        v = getattr(args, name)
+        if v is not None and not v > 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {v}")
+    if args.micro_batch < 1 or args.seq_len < 4 or args.batch_tokens < 1:
+        parser.error("--micro-batch must be >= 1, --seq-len >= 4 and --batch-tokens >= 1")
+    if not 0 <= args.batch_ramp < 1 or not 0 <= args.warmup < 1 or not 0 < args.eval_every <= 1:
+        parser.error("--batch-ramp and --warmup must be in [0, 1), --eval-every in (0, 1]")
+    if args.model not in model.PRESETS:
+        parser.error(f"--model must be one of {', '.join(model.PRESETS)}, got {args.model!r}")
+
+
+def model_config(args, vocab_size):
+    """The model config of the run (before any growth stage): preset, then the flags that override it."""
+    overrides = {k: getattr(args, k) for k in ("n_layers", "d_model", "n_heads", "ffn_dim", "positions", "norm",
+                                                "norm_position", "ffn") if getattr(args, k) is not None}
+    return model.make_config(args.model, **overrides, vocab_size=vocab_size, max_seq_len=args.seq_len,
+                             objective=args.objective, mask_rate=args.mask_rate, dropout=0.0)
+
+
+# -----------------------------------------------------------------------------
+# Schedules: pure functions of budget progress p in [0, 1]
+
+
+def lr_multiplier(p, schedule="triangle", warmup=0.06):
+    """Learning rate as a fraction of the peak at progress p."""
+    if schedule == "triangle":      # cramming's budget-triangle2: min(0.25 + p, 4 (1 - p))
+        return max(0.0, min(0.25 + p, 4.0 * (1.0 - p)))
+    if schedule == "one-cycle":     # linearly up to the peak at half the budget, then linearly down to 0
+        return max(0.0, 1.0 - abs(2.0 * p - 1.0))
+    if warmup > 0 and p < warmup:   # linear and cosine warm up linearly from 0
+        return p / warmup
+    if schedule == "constant":
+        return 1.0
+    q = (p - warmup) / (1.0 - warmup)
+    if schedule == "linear":
+        return max(0.0, 1.0 - q)
+    return 0.5 * (1.0 + math.cos(math.pi * min(q, 1.0)))  # cosine
+
+
+def accumulation_steps(p, target, ramp=0.6):
+    """Micro-batches per optimizer step: grows linearly from 1 to target over the first `ramp` of the budget
+    (cramming's batch-size ramp), so each forward keeps the same static shape."""
+    if ramp <= 0 or p >= ramp:
+        return target
+    return max(1, min(target, int(p / ramp * target) + 1))
+
+
+# -----------------------------------------------------------------------------
+# Devices, distributed setup, optimizer
+
+
+def setup_device(choice):
+    """(device, rank, world_size). Under torchrun (RANK/WORLD_SIZE set) this also joins the process group:
+    NCCL on GPUs, gloo on CPUs; multi-node works through torchrun's MASTER_ADDR/MASTER_PORT."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    device = torch.device(choice)
+    if choice == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if choice == "cuda" else "gloo")
+    return device, rank, world
+
+
+def autocast_dtype(choice, device):
+    if choice == "fp32" or (choice == "auto" and not (device.type == "cuda" and torch.cuda.is_bf16_supported())):
+        return torch.float32
+    return torch.bfloat16
+
+
+def make_optimizer(net, args, device):
+    """AdamW with no weight decay on norms, biases and scalars (everything with fewer than 2 dimensions);
+    the fused CUDA kernel when on a GPU."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=tuple(args.betas), eps=args.eps,
+                             fused=device.type == "cuda")
+
+
+def wrap(net, args, device, world):
+    """torch.compile and/or DDP around the plain model; unwrap with model.unwrap."""
+    if args.compile:
+        net = torch.compile(net, dynamic=False)
+    if world > 1:
+        net = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
+    return net
+
+
+def gpu_peak_flops(device):
+    """Peak bf16 FLOP/s of this GPU from scaling.py's table, or None (CPU, unknown GPU): MFU is then not shown."""
+    if device.type != "cuda":
+        return None
+    import scaling
+    try:
+        return scaling.peak_flops(torch.cuda.get_device_name(device))
+    except ValueError:
+        return None
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: one file, written atomically, holding everything a bitwise-exact resume needs
+
+
+def save_checkpoint(path, net, optimizer, loader, state):
+    ckpt = {"model": model.unwrap(net).state_dict(), "config": model.unwrap(net).config,
+            "optimizer": optimizer.state_dict(), "loader": loader.state_dict(), "state": state,
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+    model._atomic_write(path, lambda p: torch.save(ckpt, p))
+
+
+def load_checkpoint(path):
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {path}: no checkpoint to resume from")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file
+        raise SystemExit(f"error: {path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+
+
+def save_final(out, net, meta):
+    """out/final: model.py's folder (config.json, model.pt) plus tokenizer.json and the data's meta.json."""
+    folder = os.path.join(out, "final")
+    model.save_model(net, folder)
+    for name, src in (("tokenizer.json", meta["tokenizer"]), ("meta.json", os.path.join(meta["dir"], "meta.json"))):
+        with open(src, "rb") as f:
+            blob = f.read()
+        model._atomic_write(os.path.join(folder, name), lambda p: open(p, "wb").write(blob))
+    return folder
+
+
+def append_log(path, record):
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+# -----------------------------------------------------------------------------
+# Evaluation
+
+
+@torch.no_grad()
+def evaluate(net, meta, args, seq_len, device, dtype, rank, world):
+    """Mean held-out loss over the same --eval-batches batches every time (the val split read in order with a
+    fixed seed), averaged over ranks."""
+    loader = data.make_loader(meta, "val", args.objective, seed=1234, rank=rank, world_size=world,
+                              mask_rate=args.mask_rate, device=device)
+    plain = model.unwrap(net)
+    was_training = plain.training
+    plain.eval()
+    total = torch.zeros((), device=device)
+    for _ in range(args.eval_batches):
+        batch = loader.next_batch(args.micro_batch, seq_len)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            total += plain(**batch)["loss"].float()
+    plain.train(was_training)
+    if world > 1:
+        dist.all_reduce(total)
+    return total.item() / (args.eval_batches * world)
+
+
+# -----------------------------------------------------------------------------
+# The run
+
+
+def budget_tokens(args, device):
+    """Tokens the run should consume, to download only that much FineWeb-Edu: --max-tokens if given, else the
+    wall-clock budget at 40% MFU of this GPU's peak (on a CPU or unknown GPU, 2,000 tokens/s per process)."""
+    if args.max_tokens:
+        return int(args.max_tokens)
+    cfg = model_config(args, args.vocab_size)
+    seconds = ((args.hours or 0) * 3600 + (args.minutes or 0) * 60) or None
+    if args.max_steps and not seconds:
+        return args.max_steps * args.batch_tokens
+    peak = gpu_peak_flops(device)
+    rate = peak * 0.4 / model.flops_per_token(cfg) if peak else 2000.0
+    return int(seconds * rate * int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def prepare(args, device, rank, world):
+    """Rank 0 prepares (downloads, cleans, tokenizes); the others wait and then read the same cache."""
+    kwargs = dict(data=args.data, cache_dir=args.cache, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                  lowercase=args.lowercase, strip_accents=args.lowercase, fineweb_shards=args.fineweb_shards,
+                  max_tokens=budget_tokens(args, device) if args.data == "fineweb" else None, progress=rank == 0)
+    meta = None
+    if rank == 0:
+        try:
+            meta = data.prepare_data(**kwargs)
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"error: {e}") from None
+    if world > 1:
+        dist.barrier()
+        if rank != 0:
+            meta = data.prepare_data(**{**kwargs, "progress": False})
+    return meta
+
+
+class Budget:
+    """Progress p in [0, 1]: the largest of elapsed/wall-clock budget, steps/max-steps, tokens/max-tokens."""
+
+    def __init__(self, args, elapsed=0.0):
+        hours = (args.hours or 0) + (args.minutes or 0) / 60
+        self.seconds = hours * 3600 or None
+        self.max_steps, self.max_tokens = args.max_steps, args.max_tokens
+        self.start = time.time() - elapsed   # a resumed run continues the same clock
+
+    def elapsed(self):
+        return time.time() - self.start
+
+    def progress(self, step, tokens, elapsed):
+        parts = [elapsed / self.seconds if self.seconds else 0.0,
+                 step / self.max_steps if self.max_steps else 0.0,
+                 tokens / self.max_tokens if self.max_tokens else 0.0]
+        return min(1.0, max(parts))
+
+
+def train(args):
+    device, rank, world = setup_device(args.device)
+    dtype = autocast_dtype(args.dtype, device)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    os.makedirs(args.out, exist_ok=True)
+    ckpt_path, log_path = os.path.join(args.out, "checkpoint.pt"), os.path.join(args.out, "log.jsonl")
+    ckpt = load_checkpoint(ckpt_path) if args.resume else None
+    if ckpt is None and rank == 0:
+        if os.path.exists(ckpt_path):
+            raise SystemExit(f"error: {ckpt_path} exists; pass --resume to continue it or choose another --out")
+        for stale in (log_path, os.path.join(args.out, "summary.json")):
+            if os.path.exists(stale):
+                os.remove(stale)
+        with open(os.path.join(args.out, "args.json"), "w") as f:
+            json.dump(vars(args), f, indent=2)
+
+    meta = prepare(args, device, rank, world)
+    cfg = model_config(args, meta["n_vocab"])
+    stages = []
+    if args.grow:
+        import grow
+        try:
+            stages = grow.parse_schedule(args.grow, cfg)
+        except ValueError as e:
+            raise SystemExit(f"error: --grow: {e}") from None
+    torch.manual_seed(args.seed)
+    net = model.build_model(ckpt["config"] if ckpt else stages[0]["config"] if stages else cfg).to(device)
+    optimizer = make_optimizer(net, args, device)
+    loader = data.make_loader(meta, "train", args.objective, seed=args.seed, rank=rank, world_size=world,
+                              mask_rate=args.mask_rate, device=device)
+    state = {"step": 0, "tokens": 0, "elapsed": 0.0, "stage": 0, "next_eval": args.eval_every, "bad_steps": 0,
+             "skipped_steps": 0}
+    if ckpt:
+        net.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        loader.load_state_dict(ckpt["loader"])
+        state.update(ckpt["state"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if ckpt["rng"]["cuda"] is not None and device.type == "cuda":
+            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        say(f"resuming {ckpt_path} at step {state['step']}, {state['tokens']:,} tokens, {state['elapsed']:.0f} s used")
+    net.train()
+    run_net = wrap(net, args, device, world)
+
+    tokens_per_micro = args.micro_batch * args.seq_len * world
+    target_accum = max(1, round(args.batch_tokens / tokens_per_micro))
+    seq_len = model.unwrap(run_net).config["max_seq_len"]
+    flops_tok = model.flops_per_token(model.unwrap(run_net).config, seq_len)
+    peak = gpu_peak_flops(device)
+    budget = Budget(args, state["elapsed"])
+    say(json.dumps({"model": model.unwrap(run_net).config}, indent=None))
+    say(f"device {device} ({str(dtype).replace('torch.', '')}), {world} process(es); "
+        f"{model.count_params(cfg) / 1e6:.1f} M parameters ({model.count_params(cfg, False) / 1e6:.1f} M without "
+        f"embeddings), {flops_tok / 1e6:.0f} MFLOP per token")
+    say(f"global batch {target_accum * tokens_per_micro:,} tokens = {args.micro_batch} sequences x {args.seq_len} "
+        f"tokens x {world} rank(s) x {target_accum} accumulation steps (ramped over {args.batch_ramp:.0%} of the budget)")
+    if peak and budget.seconds:
+        say(f"the budget should buy ~{budget.seconds * peak * 0.4 / flops_tok / 1e9:.2f} B tokens at 40% MFU "
+            f"(peak {peak / 1e12:.0f} TFLOP/s)")
+
+    stop_signal = []  # SIGTERM/SIGINT (preemption, Ctrl-C) only set a flag: the step finishes, then we save
+    previous_handlers = {sig: signal.signal(sig, lambda s, f: stop_signal.append(s))
+                         for sig in (signal.SIGTERM, signal.SIGINT)}
+    inject = {int(s) for s in args.inject_nan.split(",") if s}
+    bar = tqdm(total=1000, disable=rank != 0, unit="‰", desc="budget", dynamic_ncols=True)
+    last_ckpt_time, last_log = time.time(), (time.time(), state["tokens"])
+    estimate_printed, t_started, tokens_started = bool(ckpt), time.time(), state["tokens"]
+    status = "budget spent"
+
+    def progress_now():
+        elapsed = budget.elapsed()
+        if world > 1:  # every rank must see the same clock, or ranks would stop at different steps
+            t = torch.tensor([elapsed], dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            elapsed = t.item()
+        return budget.progress(state["step"], state["tokens"], elapsed), elapsed
+
+    def checkpoint():
+        if rank == 0:
+            save_checkpoint(ckpt_path, run_net, optimizer, loader, state)
+
+    while True:
+        p, state["elapsed"] = progress_now()
+        if p >= 1.0:
+            break
+        if stop_signal:
+            status = "preempted"
+            break
+
+        # Growth stages (grow.py) start at the first step past their budget fraction.
+        if stages and state["stage"] + 1 < len(stages) and p >= stages[state["stage"] + 1]["at"]:
+            import grow
+            state["stage"] += 1
+            plain = model.unwrap(run_net)
+            loss_before = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
+            plain, optimizer, event = grow.apply_stage(plain, optimizer, stages[state["stage"]]["config"],
+                                                       lambda m: make_optimizer(m, args, device), seed=args.seed)
+            run_net = wrap(plain.to(device).train(), args, device, world)
+            seq_len = plain.config["max_seq_len"]
+            flops_tok = model.flops_per_token(plain.config, seq_len)
+            loss_after = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
+            event = {"kind": "grow", "step": state["step"], "tokens": state["tokens"], "elapsed": state["elapsed"],
+                     "progress": p, "params": model.count_params(plain.config), **event,
+                     "val_loss_before": loss_before, "val_loss_after": loss_after}
+            if rank == 0:
+                append_log(log_path, event)
+                bar.write(f"grow at {p:.1%}: {event}")
+
+        # One optimizer step: accumulate gradients over micro-batches, skipping the all-reduce until the last.
+        lr = args.lr * lr_multiplier(p, args.schedule, args.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        accum = accumulation_steps(p, target_accum, args.batch_ramp)
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accum):
+            batch = loader.next_batch(args.micro_batch, seq_len)
+            sync = nullcontext() if world == 1 or micro == accum - 1 else run_net.no_sync()
+            with sync, torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = run_net(**batch)["loss"]
+                (loss / accum).backward()
+            loss_sum += loss.detach().float()
+        loss_value = loss_sum.item() / accum
+        if state["step"] + state["skipped_steps"] + 1 in inject:  # counts attempted updates, skipped ones too
+            loss_value = float("nan")
+        if not math.isfinite(loss_value):  # skip the update, keep the data position moving
+            optimizer.zero_grad(set_to_none=True)
+            state["bad_steps"] += 1
+            state["skipped_steps"] += 1
+            if rank == 0:
+                append_log(log_path, {"kind": "skip", "step": state["step"], "loss": loss_value})
+            if state["bad_steps"] >= args.max_bad_steps:
+                status = "diverged"
+                break
+            continue
+        state["bad_steps"] = 0
+        grad_norm = torch.nn.utils.clip_grad_norm_(run_net.parameters(), args.clip) if args.clip > 0 else None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] += 1
+        state["tokens"] += accum * tokens_per_micro
+        bar.update(int(p * 1000) - bar.n)
+
+        # Bookkeeping: log, estimate, evaluate, checkpoint.
+        now = time.time()
+        tok_s = (state["tokens"] - last_log[1]) / max(now - last_log[0], 1e-9)
+        if not estimate_printed and state["step"] >= 10 and budget.seconds:
+            rate = (state["tokens"] - tokens_started) / (now - t_started)
+            bar.write(f"measured {rate:,.0f} tokens/s: the budget should buy ~{rate * budget.seconds:,.0f} tokens")
+            estimate_printed = True
+        if state["step"] % args.log_every == 0:
+            record = {"kind": "train", "step": state["step"], "tokens": state["tokens"], "elapsed": round(budget.elapsed(), 3),
+                      "progress": round(p, 5), "loss": loss_value, "lr": lr, "batch_tokens": accum * tokens_per_micro,
+                      "tokens_per_s": round(tok_s), "grad_norm": grad_norm.item() if grad_norm is not None else None}
+            if peak:
+                record["mfu"] = round(tok_s * flops_tok / (peak * world), 4)
+            if rank == 0:
+                append_log(log_path, record)
+            last_log = (now, state["tokens"])
+            left = budget.seconds - budget.elapsed() if budget.seconds else float("nan")
+            bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}",
+                            left=f"{left / 60:.1f}min" if budget.seconds else "-")
+        if p >= state["next_eval"]:
+            state["next_eval"] += args.eval_every
+            val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
+            if rank == 0:
+                append_log(log_path, {"kind": "eval", "step": state["step"], "tokens": state["tokens"],
+                                      "elapsed": round(budget.elapsed(), 3), "progress": round(p, 5), "val_loss": val})
+        if (args.checkpoint_steps and state["step"] % args.checkpoint_steps == 0) or \
+                now - last_ckpt_time > args.checkpoint_minutes * 60:
+            state["elapsed"] = budget.elapsed()
+            checkpoint()
+            last_ckpt_time = time.time()
+    bar.close()
+    for sig, handler in previous_handlers.items():
+        signal.signal(sig, handler)
+    state["elapsed"] = budget.elapsed()
+
+    if status == "preempted":
+        checkpoint()
+        say(f"stopped by signal at step {state['step']}: checkpoint saved to {ckpt_path}; continue with --resume")
+        return {"status": status, **state}
+    if status == "diverged":
+        say(f"error: {args.max_bad_steps} non-finite losses in a row at step {state['step']}")
+        if os.path.isfile(ckpt_path):
+            good = load_checkpoint(ckpt_path)
+            net = model.build_model(good["config"])
+            net.load_state_dict(good["model"])
+            if rank == 0:
+                save_final(args.out, net, meta)
+            say(f"restored the last good checkpoint (step {good['state']['step']}) into {args.out}/final; "
+                "lower --lr or raise --clip, then --resume")
+        raise SystemExit(1)
+
+    val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
+    final_cfg = model.unwrap(run_net).config
+    summary = {"status": status, "steps": state["step"], "tokens": state["tokens"], "elapsed_s": round(state["elapsed"], 2),
+               "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)), "final_val_loss": val,
+               "params": model.count_params(final_cfg, embeddings=False), "params_total": model.count_params(final_cfg),
+               "flops_per_token": model.flops_per_token(final_cfg, seq_len), "skipped_steps": state["skipped_steps"],
+               "world_size": world, "device": str(device), "dtype": str(dtype).replace("torch.", ""), "out": args.out}
+    if peak:
+        summary["mfu"] = round(summary["tokens_per_s"] * summary["flops_per_token"] / (peak * world), 4)
+    if rank == 0:
+        append_log(log_path, {"kind": "eval", "step": state["step"], "tokens": state["tokens"],
+                              "elapsed": round(state["elapsed"], 3), "progress": 1.0, "val_loss": val})
+        state["elapsed"] = budget.elapsed()
+        checkpoint()
+        summary["final"] = save_final(args.out, run_net, meta)
+        model._atomic_write(os.path.join(args.out, "summary.json"),
+                            lambda p: open(p, "w").write(json.dumps(summary, indent=2)))
+        print("\n".join(f"{k:>16}: {v}" for k, v in summary.items()))
+    return summary
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.resume:  # the saved settings win, except for the budget-independent output flags given now
+        saved = os.path.join(args.out, "args.json")
+        if os.path.isfile(saved):
+            with open(saved) as f:
+                args = argparse.Namespace(**{**json.load(f), "resume": True, "out": args.out})
+    try:
+        return train(args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,818 @@
+"""data.py: raw text -> cleaned documents -> a BPE tokenizer -> token shards -> training batches.
+
+    python data.py --data sample --out cache --vocab-size 8192     # the bundled Shakespeare corpus, offline
+    python data.py --data my_corpus/ --out cache                    # .txt / .jsonl / .jsonl.gz / .parquet files
+    python data.py --data fineweb --fineweb-shards 4 --out cache    # FineWeb-Edu parquet shards over HTTPS
+
+Pipeline (each stage is a small function below; prepare_data() runs them all and caches the result):
+1. Sources. Documents are streamed file by file, never loaded whole, so RAM stays flat on big corpora.
+2. Cleaning, after cramming's pipeline (Geiping & Goldstein, ICML 2023, arXiv 2212.14034): Unicode
+   normalization, optional lowercasing and accent stripping (cramming does both; we keep case by default),
+   exact-duplicate removal and a filter that drops documents needing too many tokens per character
+   (cramming's `trash_cutoff`: keep a document iff tokens < 0.25 * characters; off by default here).
+   Every step reports the documents and UTF-8 bytes it removed.
+3. Tokenizer: byte-level BPE trained with rustbpe, wrapped as a tiktoken.Encoding (fast, multi-threaded encoding).
+   Specials [PAD] [CLS] [SEP] [MASK] plus reserved ids come after the merges; n_vocab is a multiple of 64.
+4. Shards: every document is encoded and followed by [SEP]; a process pool tokenizes, the main process
+   deduplicates and writes flat binary shards (32-byte header, then uint16/uint32 tokens). A document goes
+   to the validation split when its index among kept documents is a multiple of round(1 / val_fraction).
+5. Batches: the shards of a split form one token stream that repeats forever, cut into blocks of 8192 tokens
+   that are shuffled per epoch. Batch i is a pure function of (seed, stream position, rank), so the loader's
+   state is just the position and resuming reproduces the uninterrupted stream bit for bit.
+   MLM masking follows BERT (Devlin et al. 2019, sec. 3.1: 80% [MASK], 10% random token, 10% unchanged) at
+   cramming's 25% rate, with exactly k = round(mask_rate * T) masked positions per sequence (static shapes).
+"""
+import argparse
+import base64
+import codecs
+import collections
+import concurrent.futures
+import gzip
+import hashlib
+import http.client
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import struct
+import sys
+import time
+import unicodedata
+import urllib.error
+import urllib.request
+
+import numpy as np
+import tiktoken
+import torch
+from tqdm import tqdm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAMPLE_CORPUS = os.path.join(HERE, "corpora", "shakespeare.jsonl.gz")
+FINEWEB_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
+FINEWEB_TOKENS_PER_SHARD = 55e6  # ~250 M characters per shard at ~4.5 characters per token (32K BPE)
+SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
+DOWNLOAD_BACKOFF_S = 2.0      # first retry wait of a failed download (seconds), doubling per retry
+TXT_DOC_CHARS = 65536          # a .txt file is cut at blank lines into documents of about this many characters
+
+# GPT-4's split pattern with numbers grouped by at most 2 digits (nanochat: best at a 32K vocabulary).
+SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+                 r"""|\s*[\r\n]|\s+(?!\S)|\s+""")
+SPECIAL_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]"]
+MIN_RESERVED = 4               # spare special ids ("[RESERVED_i]") so later features need no new vocabulary
+TOKENIZER_FORMAT, TOKENIZER_VERSION = "growcram-tokenizer", 1
+TOKENIZER_CHARS = 1_000_000_000  # characters of (cleaned) corpus the tokenizer is trained on, at most
+
+SHARD_MAGIC, SHARD_VERSION = b"GCTOKENS", 1
+SHARD_HEADER = struct.Struct("<8sIIQ8x")  # magic, version, bytes per token (2 or 4), token count, padding: 32 bytes
+SHARD_TOKENS = 1 << 27         # tokens per shard file before a new one starts (256 MB as uint16)
+PREPARE_VERSION = 1            # bump when prepare_data's output changes, so old caches are not reused
+BLOCK_TOKENS = 8192            # shuffle granularity of the training stream
+
+
+def round_up(n, multiple):
+    return -(-n // multiple) * multiple
+
+
+def atomic_write(path, write):
+    """Call write(file) on path + '.tmp', then os.replace it into place: readers never see a partial file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sources: local files, the bundled sample, FineWeb-Edu downloads
+
+_UTF8 = {"path": None, "replaced": collections.Counter()}  # invalid UTF-8 sequences replaced, per file
+
+
+def _count_and_replace(err):
+    _UTF8["replaced"][_UTF8["path"]] += 1
+    return "\ufffd", err.end
+
+
+codecs.register_error("growcram_count", _count_and_replace)
+
+
+def _decode(raw, path):
+    """bytes -> str; invalid UTF-8 becomes U+FFFD and is counted per file (reported, never fatal)."""
+    _UTF8["path"] = path
+    return raw.decode("utf-8", errors="growcram_count")
+
+
+def list_files(path):
+    """A file or a folder (searched recursively, sorted) -> the corpus files. ValueError if none."""
+    if not os.path.exists(path):
+        raise ValueError(f"data path not found: {path} (use --data sample, --data fineweb or --data PATH)")
+    if os.path.isfile(path):
+        if not path.endswith(SUFFIXES):
+            raise ValueError(f"{path}: unsupported file type (expected one of {', '.join(SUFFIXES)})")
+        return [os.path.abspath(path)]
+    files = sorted(os.path.abspath(os.path.join(root, name)) for root, dirs, names in os.walk(path)
+                   for name in names if name.endswith(SUFFIXES) and not name.startswith("."))
+    if not files:
+        raise ValueError(f"{path}: folder holds no {', '.join(SUFFIXES)} files")
+    return files
+
+
+def iter_documents(path):
+    """Yield the documents (str) of one corpus file; a one-line ValueError names the file on bad input."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq  # only parquet corpora need pyarrow
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as e:
+            raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+        if "text" not in pf.schema_arrow.names:
+            raise ValueError(f"{path}: no 'text' column (columns: {', '.join(pf.schema_arrow.names)})")
+        for batch in pf.iter_batches(columns=["text"], batch_size=1024):  # one row group at a time
+            yield from (t or "" for t in batch.column(0).to_pylist())
+    elif path.endswith((".jsonl", ".jsonl.gz")):
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    row = json.loads(_decode(raw, path))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise ValueError(f"{path}:{lineno}: no 'text' field holding a string")
+                text = row["text"]
+                # a JSON "\ud800" escape decodes to a lone surrogate, which is not UTF-8: replace and count it too
+                yield text if text.isascii() else _decode(text.encode("utf-8", "surrogatepass"), path)
+    else:  # .txt: cut at blank lines once a piece is long enough, so huge files stream and split by document
+        with open(path, "rb") as f:
+            lines, n = [], 0
+            for raw in f:
+                line = _decode(raw, path)
+                lines.append(line)
+                n += len(line)
+                if n >= TXT_DOC_CHARS and not line.strip():
+                    yield "".join(lines)
+                    lines, n = [], 0
+            if lines:
+                yield "".join(lines)
+
+
+def shards_for_tokens(n_tokens):
+    """How many FineWeb-Edu shards (~55 M tokens each) hold n_tokens training tokens."""
+    return max(1, math.ceil(n_tokens / FINEWEB_TOKENS_PER_SHARD))
+
+
+def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress=True):
+    """Download url to dest: resumes a dest.partial with an HTTP Range request, retries with exponential
+    backoff (backoff_s, 2*backoff_s, ...; default DOWNLOAD_BACKOFF_S), checks the byte count against
+    Content-Length/Content-Range and renames into place at the end. Existing files are not fetched again."""
+    backoff_s = DOWNLOAD_BACKOFF_S if backoff_s is None else backoff_s
+    if os.path.exists(dest):
+        return dest
+    part, error = dest + ".partial", None
+    for attempt in range(retries):
+        if attempt:
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+        have = os.path.getsize(part) if os.path.exists(part) else 0
+        request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+                if resp.status == 206:  # the server resumes where the partial file ends
+                    total, mode = int(resp.headers.get("Content-Range", "/-1").rsplit("/", 1)[1]), "ab"
+                else:                   # a plain 200 ignores the range: start over
+                    have, total, mode = 0, int(resp.headers.get("Content-Length", -1)), "wb"
+                with open(part, mode) as f, tqdm(total=total if total >= 0 else None, initial=have, unit="B",
+                                                 unit_scale=True, desc=os.path.basename(dest),
+                                                 disable=not progress) as bar:
+                    while chunk := resp.read(1 << 20):
+                        f.write(chunk)
+                        bar.update(len(chunk))
+            size = os.path.getsize(part)
+            if total >= 0 and size != total:
+                raise OSError(f"got {size} bytes, expected {total}")
+            os.replace(part, dest)
+            return dest
+        except urllib.error.HTTPError as e:
+            if e.code == 416 and os.path.exists(part):  # the partial file does not fit the remote file
+                os.remove(part)
+            elif 400 <= e.code < 500:
+                raise ValueError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
+            error = e
+        except (OSError, http.client.HTTPException) as e:  # URLError (offline, refused), timeouts, short reads
+            error = e
+    reason = getattr(error, "reason", error)
+    raise ValueError(f"cannot download {url} after {retries} tries ({reason}); offline? "
+                     f"use --data sample (bundled corpus) or --data PATH (local .txt/.jsonl/.parquet)")
+
+
+def download_fineweb(n_shards, out_dir, base_url=FINEWEB_URL, **kwargs):
+    """Fetch FineWeb-Edu shards shard_00000.parquet ... (first n_shards) into out_dir; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    return [download_file(f"{base_url.rstrip('/')}/shard_{i:05d}.parquet",
+                          os.path.join(out_dir, f"shard_{i:05d}.parquet"), **kwargs) for i in range(n_shards)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Cleaning
+
+def clean_text(text, normalize="NFC", lowercase=False, strip_accents=False):
+    """Returns (cleaned text, {step: UTF-8 bytes removed}). Steps run in this order; each is optional."""
+    removed, size = {}, len(text.encode("utf-8"))
+    steps = [("normalize", normalize and (lambda t: unicodedata.normalize(normalize, t))),
+             ("lowercase", lowercase and str.lower),
+             # NFD splits "é" into "e" + U+0301; dropping the combining marks strips the accent (as cramming does)
+             ("strip_accents", strip_accents and (lambda t: t if t.isascii() else unicodedata.normalize(
+                 normalize or "NFC", "".join(c for c in unicodedata.normalize("NFD", t)
+                                             if not unicodedata.combining(c)))))]
+    for name, fn in steps:
+        if fn:
+            text = fn(text)
+            new = len(text.encode("utf-8"))
+            removed[name], size = size - new, new
+    return text, removed
+
+
+def _digest(text):
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tokenizer
+
+def _with_specials(name, pattern, ranks, base_specials=None):
+    """tiktoken.Encoding whose specials follow every existing id, reserved ids padding n_vocab to a multiple
+    of 64 (tensor-core friendly embedding and output matrices)."""
+    base_specials = dict(base_specials or {})
+    first = max([len(ranks) - 1, *base_specials.values()]) + 1
+    n_vocab = round_up(first + len(SPECIAL_TOKENS) + MIN_RESERVED, 64)
+    names = SPECIAL_TOKENS + [f"[RESERVED_{i}]" for i in range(n_vocab - first - len(SPECIAL_TOKENS))]
+    specials = {**base_specials, **{s: first + i for i, s in enumerate(names)}}
+    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+
+
+def train_tokenizer(texts, vocab_size=32768, pattern=SPLIT_PATTERN):
+    """Byte-level BPE trained by rustbpe on an iterable of str -> tiktoken.Encoding.
+
+    vocab_size is rounded up to a multiple of 64; 256 byte tokens + merges + 8 specials/reserved fill it.
+    A corpus too small for that many merges gives fewer merges and n_vocab = the next multiple of 64."""
+    import rustbpe  # training only; encoding needs tiktoken alone
+    n_special = len(SPECIAL_TOKENS) + MIN_RESERVED
+    if vocab_size < 256 + n_special:
+        raise ValueError(f"vocab_size {vocab_size} is too small: 256 byte tokens + {n_special} specials at least")
+    bpe = rustbpe.Tokenizer()
+    bpe.train_from_iterator(iter(texts), round_up(vocab_size, 64) - n_special, pattern=pattern)
+    ranks = {bytes(b): rank for b, rank in bpe.get_mergeable_ranks()}  # rank == token id == merge priority
+    return _with_specials("growcram", bpe.get_pattern(), ranks)
+
+
+def stock_tokenizer(name):
+    """A stock tiktoken encoding ('gpt2', 'cl100k_base') plus our specials. Needs its ranks cached in
+    $TIKTOKEN_CACHE_DIR or a network connection; otherwise a one-line ValueError."""
+    try:
+        base = tiktoken.get_encoding(name)
+    except Exception as e:
+        raise ValueError(f"tokenizer '{name}': ranks not in $TIKTOKEN_CACHE_DIR and not downloadable "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                         f"use --tokenizer train or a tokenizer.json path") from None
+    ranks = {b: base.encode_single_token(b) for b in base.token_byte_values()}
+    specials = {s: base.encode_single_token(s) for s in base.special_tokens_set}
+    return _with_specials(f"{name}+growcram", base._pat_str, ranks, specials)
+
+
+def special_ids(enc):
+    """{"pad", "cls", "sep", "mask"} -> token id. Insert specials by id; encode_ordinary never emits them."""
+    return {s.strip("[]").lower(): enc.encode_single_token(s) for s in SPECIAL_TOKENS}
+
+
+def n_ordinary(enc):
+    """Ids below this are ordinary (byte/merge) tokens; ids at or above it are special."""
+    return min(enc.encode_single_token(s) for s in enc.special_tokens_set)
+
+
+def token_bytes(enc):
+    """(n_vocab,) int64 UTF-8 byte length of each ordinary token, 0 for specials (for bits-per-byte)."""
+    out = np.zeros(enc.n_vocab, dtype=np.int64)
+    for b in enc.token_byte_values():
+        out[enc.encode_single_token(b)] = len(b)
+    return out
+
+
+def save_tokenizer(enc, path):
+    """Plain JSON (no pickle): format/version, name, split pattern, base64 tokens in rank order, specials."""
+    ranks = {b: enc.encode_single_token(b) for b in enc.token_byte_values()}
+    by_rank = sorted(ranks, key=ranks.get)
+    if [ranks[b] for b in by_rank] != list(range(len(by_rank))):
+        raise ValueError(f"{path}: cannot save a tokenizer whose ranks are not 0..{len(by_rank) - 1}")
+    doc = {"format": TOKENIZER_FORMAT, "version": TOKENIZER_VERSION, "name": enc.name, "pattern": enc._pat_str,
+           "n_vocab": enc.n_vocab, "special_tokens": {s: enc.encode_single_token(s) for s in
+                                                      sorted(enc.special_tokens_set, key=enc.encode_single_token)},
+           "ranks": [base64.b64encode(b).decode("ascii") for b in by_rank]}
+    atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode("utf-8")))
+
+
+def load_tokenizer(path):
+    """tokenizer.json -> tiktoken.Encoding; a one-line ValueError names the file on any problem."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except FileNotFoundError:
+        raise ValueError(f"tokenizer file not found: {path}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a tokenizer file (invalid JSON: {e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != TOKENIZER_FORMAT:
+        raise ValueError(f"{path}: not a growcram tokenizer file (format field is not '{TOKENIZER_FORMAT}')")
+    if doc.get("version") != TOKENIZER_VERSION:
+        raise ValueError(f"{path}: tokenizer format version {doc.get('version')}, this data.py reads version "
+                         f"{TOKENIZER_VERSION}; re-create it with `python data.py`")
+    try:
+        ranks = {base64.b64decode(t, validate=True): i for i, t in enumerate(doc["ranks"])}
+        enc = tiktoken.Encoding(doc["name"], pat_str=doc["pattern"], mergeable_ranks=ranks,
+                                special_tokens={s: int(i) for s, i in doc["special_tokens"].items()})
+    except Exception as e:
+        raise ValueError(f"{path}: corrupt tokenizer file ({type(e).__name__}: {e})") from None
+    if enc.n_vocab != doc.get("n_vocab") or any(s not in enc.special_tokens_set for s in SPECIAL_TOKENS):
+        raise ValueError(f"{path}: corrupt tokenizer file (n_vocab or special tokens do not match)")
+    return enc
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Token shards: SHARD_HEADER (32 bytes) then `count` little-endian uint16 or uint32 tokens
+
+def _open_shard(path):
+    f = open(path, "wb")
+    f.write(b"\0" * SHARD_HEADER.size)  # placeholder until the count is known
+    return f
+
+
+def _close_shard(f, count, itemsize):
+    f.seek(0)
+    f.write(SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, itemsize, count))
+    f.close()
+
+
+def write_shard(path, tokens, itemsize=2):
+    """Write one shard atomically (tests and tools; prepare_data streams its shards instead)."""
+    tokens = np.asarray(tokens, dtype=f"<u{itemsize}")
+    atomic_write(path, lambda f: f.write(SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, itemsize, tokens.size)
+                                         + tokens.tobytes()))
+
+
+def read_shard(path):
+    """Validate the header and memory-map the tokens: (count,) read-only uint16/uint32 array."""
+    if not os.path.exists(path):
+        raise ValueError(f"shard not found: {path}")
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(SHARD_HEADER.size)
+    if len(head) < SHARD_HEADER.size:
+        raise ValueError(f"{path}: truncated shard header ({size} bytes)")
+    magic, version, itemsize, count = SHARD_HEADER.unpack(head)
+    if magic != SHARD_MAGIC:
+        raise ValueError(f"{path}: not a token shard (bad magic {magic!r})")
+    if version != SHARD_VERSION or itemsize not in (2, 4):
+        raise ValueError(f"{path}: unsupported shard (version {version}, {itemsize} bytes per token)")
+    if size != SHARD_HEADER.size + count * itemsize:
+        raise ValueError(f"{path}: truncated or corrupt shard ({size} bytes, header says {count} tokens)")
+    if count == 0:
+        return np.zeros(0, dtype=f"<u{itemsize}")
+    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=SHARD_HEADER.size, shape=(count,))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# prepare_data: sources -> cleaning -> tokenizer -> shards, cached by settings
+
+_WORKER = {}
+
+
+def _init_worker(tokenizer_path, clean_kwargs, threads):
+    _WORKER.update(enc=load_tokenizer(tokenizer_path), clean=clean_kwargs, threads=threads)
+
+
+def _encode_docs(docs):
+    """Worker: clean + encode documents -> [(digest, raw bytes, {step: bytes removed}, chars, ids)]."""
+    enc, dtype = _WORKER["enc"], np.uint16 if _WORKER["enc"].n_vocab <= 1 << 16 else np.uint32
+    cleaned = [clean_text(d, **_WORKER["clean"]) for d in docs]
+    # whitespace-only documents count as empty: they encode to nothing and are dropped
+    ids = enc.encode_ordinary_batch([t if t.strip() else "" for t, _ in cleaned], num_threads=_WORKER["threads"])
+    return [(_digest(t), len(d.encode("utf-8")), rm, len(t), np.array(i, dtype=dtype))
+            for d, (t, rm), i in zip(docs, cleaned, ids)]
+
+
+def _chunks(files, chunk_chars=1 << 20):
+    chunk, n = [], 0
+    for path in files:
+        for doc in iter_documents(path):
+            chunk.append(doc)
+            n += len(doc)
+            if n >= chunk_chars:
+                yield chunk
+                chunk, n = [], 0
+    if chunk:
+        yield chunk
+
+
+def _encoded(files, workers, init_args):
+    """Yield per-document results in corpus order. At most 2 chunks per worker are in flight: Pool.imap would
+    read the whole corpus into its task queue, the RAM blow-up this design avoids."""
+    if workers <= 1:
+        _init_worker(*init_args)
+        for chunk in _chunks(files):
+            yield from _encode_docs(chunk)
+        return
+    # spawn: safe on every OS and after rustbpe/torch have started threads in this process
+    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, init_args[:2] + (1,)) as pool:
+        pending = collections.deque()
+        for chunk in _chunks(files):
+            pending.append(pool.apply_async(_encode_docs, (chunk,)))
+            if len(pending) >= 2 * workers:
+                yield from pending.popleft().get()
+        while pending:
+            yield from pending.popleft().get()
+
+
+def _training_texts(files, clean_kwargs, max_chars):
+    """The cleaned, deduplicated corpus prefix the tokenizer is trained on (at most max_chars characters)."""
+    seen = set()
+    for path in files:
+        for doc in iter_documents(path):
+            text, _ = clean_text(doc, **clean_kwargs)
+            if not text.strip() or _digest(text) in seen:
+                continue
+            seen.add(_digest(text))
+            yield text[:max_chars]
+            max_chars -= len(text)
+            if max_chars <= 0:
+                return
+
+
+def _resolve(data, cache_dir, fineweb_shards, max_tokens, fineweb_url, progress):
+    """data -> (short name, corpus files, identity for the cache key)."""
+    if data == "sample":
+        return "sample", [SAMPLE_CORPUS], [os.path.basename(SAMPLE_CORPUS), os.path.getsize(SAMPLE_CORPUS)]
+    if data == "fineweb":
+        n = fineweb_shards or (shards_for_tokens(max_tokens) if max_tokens else 1)
+        files = download_fineweb(n, os.path.join(cache_dir, "fineweb"), fineweb_url, progress=progress)
+        return "fineweb", files, [fineweb_url, [os.path.basename(f) for f in files]]
+    files = list_files(data)
+    name = os.path.basename(os.path.normpath(data)).split(".")[0] or "data"
+    return name, files, [[f, os.path.getsize(f), os.stat(f).st_mtime_ns] for f in files]
+
+
+def prepare_data(data="sample", cache_dir="cache", vocab_size=32768, tokenizer="train", normalize="NFC",
+                 lowercase=False, strip_accents=False, dedup=True, max_tokens_per_char=None, val_fraction=0.05,
+                 max_val_tokens=10_000_000, tokenizer_chars=TOKENIZER_CHARS, fineweb_shards=None, max_tokens=None,
+                 fineweb_url=FINEWEB_URL, workers=None, shard_tokens=SHARD_TOKENS, progress=True):
+    """Everything train.py needs, as a plain dict (also saved as <cache_dir>/<name>-<key>/meta.json).
+
+    data: "sample" (bundled), "fineweb" (download fineweb_shards shards, or enough for max_tokens tokens,
+    default 1), or a file/folder path. tokenizer: "train" (rustbpe on the first tokenizer_chars characters),
+    "gpt2"/"cl100k_base" (stock tiktoken + our specials) or a tokenizer.json path. max_tokens_per_char:
+    drop documents above this ratio (cramming: 0.25; None = off). Every round(1/val_fraction)-th kept document
+    goes to the val split until it holds max_val_tokens. max_tokens only sizes the FineWeb download.
+    The result is cached under a key of all settings and the files' sizes and mtimes; a second call with the
+    same settings returns it ("reused": True).
+    The cache folder appears by one atomic rename, so a failed run leaves no partial shard or tokenizer."""
+    name, files, identity = _resolve(data, cache_dir, fineweb_shards, max_tokens, fineweb_url, progress)
+    clean_kwargs = dict(normalize=normalize, lowercase=lowercase, strip_accents=strip_accents)
+    tok_id = tokenizer if tokenizer in ("train", "gpt2", "cl100k_base") else \
+        [os.path.abspath(tokenizer), os.path.getsize(tokenizer) if os.path.exists(tokenizer) else -1]
+    settings = dict(version=PREPARE_VERSION, source=identity, vocab_size=vocab_size, tokenizer=tok_id,
+                    clean=clean_kwargs, dedup=dedup, max_tokens_per_char=max_tokens_per_char,
+                    val_fraction=val_fraction, max_val_tokens=max_val_tokens, tokenizer_chars=tokenizer_chars,
+                    shard_tokens=shard_tokens)
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    out = os.path.join(cache_dir, f"{name}-{key}")
+    if os.path.exists(os.path.join(out, "meta.json")):
+        return {**load_meta(out), "reused": True}
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = f"{out}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        _prepare_into(tmp, files, data, settings, tokenizer, workers, progress)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process finished the same preparation first: use its result
+            if not os.path.exists(os.path.join(out, "meta.json")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {**load_meta(out), "reused": False}
+
+
+def _prepare_into(tmp, files, data, settings, tokenizer, workers, progress):
+    """Tokenizer + shards + meta.json into the folder tmp."""
+    if tokenizer == "train":
+        enc = train_tokenizer(_training_texts(files, settings["clean"], settings["tokenizer_chars"]),
+                              settings["vocab_size"])
+    else:
+        enc = stock_tokenizer(tokenizer) if tokenizer in ("gpt2", "cl100k_base") else load_tokenizer(tokenizer)
+    save_tokenizer(enc, os.path.join(tmp, "tokenizer.json"))
+    itemsize = 2 if enc.n_vocab <= 1 << 16 else 4
+    splits, report = _write_shards(tmp, files, special_ids(enc)["sep"], itemsize, settings, workers, progress)
+    if report["documents_in"] == 0:
+        raise ValueError(f"{data}: no documents found (empty corpus)")
+    if splits["train"]["tokens"] == 0:
+        raise ValueError(f"{data}: no training documents left after cleaning ({report['documents_out']} kept of "
+                         f"{report['documents_in']}; a train/val split needs at least 2)")
+    meta = {"settings": settings, "tokenizer": "tokenizer.json", "n_vocab": enc.n_vocab,
+            "n_ordinary": n_ordinary(enc), "special_ids": special_ids(enc), "itemsize": itemsize, "report": report,
+            **{s: sp["files"] for s, sp in splits.items()},
+            **{f"{s}_tokens": sp["tokens"] for s, sp in splits.items()},
+            **{f"{s}_documents": sp["documents"] for s, sp in splits.items()}}
+    atomic_write(os.path.join(tmp, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+
+
+def _write_shards(tmp, files, sep, itemsize, settings, workers, progress):
+    """Stream the corpus through the workers; drop empty, duplicate and incompressible documents; append the
+    rest (each followed by [SEP]) to train_00000.bin ... / val_00000.bin ... Returns (splits, report)."""
+    report = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "invalid_utf8": {},
+              "removed": {s: {"documents": 0, "bytes": 0} for s in
+                          ("normalize", "lowercase", "strip_accents", "empty", "duplicate", "compressibility")}}
+    splits = {s: {"files": [], "tokens": 0, "documents": 0, "f": None, "n": 0} for s in ("train", "val")}
+    val_every = round(1 / settings["val_fraction"]) if settings["val_fraction"] > 0 else 0
+    max_tpc, seen, sep = settings["max_tokens_per_char"], set(), np.array([sep], dtype=f"<u{itemsize}").tobytes()
+    _UTF8["replaced"].clear()
+    workers = workers or max(1, (os.cpu_count() or 2) - 1)
+    init_args = (os.path.join(tmp, "tokenizer.json"), settings["clean"], os.cpu_count() or 1)
+    try:
+        for digest, nbytes, removed, nchars, toks in tqdm(_encoded(files, workers, init_args), desc="tokenizing",
+                                                          unit="doc", disable=not progress):
+            report["documents_in"] += 1
+            report["bytes_in"] += nbytes
+            for step, n in removed.items():
+                report["removed"][step]["bytes"] += n
+            drop = "empty" if toks.size == 0 else "duplicate" if settings["dedup"] and digest in seen else \
+                "compressibility" if max_tpc and toks.size > max_tpc * nchars else None
+            if settings["dedup"]:
+                seen.add(digest)  # 8-byte digests: ~100 bytes of RAM per document
+            if drop:
+                report["removed"][drop]["documents"] += 1
+                report["removed"][drop]["bytes"] += nbytes - sum(removed.values())
+                continue
+            to_val = val_every and report["documents_out"] % val_every == 0 and \
+                splits["val"]["tokens"] < settings["max_val_tokens"]
+            split = "val" if to_val else "train"
+            sp = splits[split]
+            report["documents_out"] += 1
+            report["bytes_out"] += nbytes - sum(removed.values())
+            if sp["f"] is None:  # start a new shard file
+                sp["files"].append(f"{split}_{len(sp['files']):05d}.bin")
+                sp["f"], sp["n"] = _open_shard(os.path.join(tmp, sp["files"][-1])), 0
+            sp["f"].write(toks.astype(f"<u{itemsize}", copy=False).tobytes() + sep)
+            sp["n"] += toks.size + 1
+            sp["tokens"] += toks.size + 1
+            sp["documents"] += 1
+            if sp["n"] >= settings["shard_tokens"]:
+                _close_shard(sp["f"], sp["n"], itemsize)
+                sp["f"] = None
+        for sp in splits.values():
+            if sp["f"] is not None:
+                _close_shard(sp["f"], sp["n"], itemsize)
+                sp["f"] = None
+    finally:  # on error: close what is open; prepare_data deletes the whole folder
+        for sp in splits.values():
+            if sp["f"] is not None:
+                sp["f"].close()
+    report["invalid_utf8"] = dict(_UTF8["replaced"])
+    return splits, report
+
+
+def load_meta(path):
+    """A prepared folder (or its meta.json) -> the dict prepare_data returns, with absolute paths."""
+    folder = os.path.dirname(path) if path.endswith(".json") else path
+    try:
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{os.path.join(folder, 'meta.json')}: cannot read prepared data ({e})") from None
+    join = lambda p: os.path.join(os.path.abspath(folder), p)
+    return {**meta, "dir": os.path.abspath(folder), "tokenizer": join(meta["tokenizer"]),
+            "train": [join(p) for p in meta["train"]], "val": [join(p) for p in meta["val"]]}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Batches: a counter-based hash makes every random choice a pure function of (seed, purpose, stream position)
+
+_U64 = (1 << 64) - 1
+
+
+def _mix_int(x):  # splitmix64 finalizer on a Python int
+    x = (x + 0x9E3779B97F4A7C15) & _U64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _U64
+    return x ^ (x >> 31)
+
+
+def hash64(seed, salt, positions):
+    """uint64 pseudo-random numbers, one per int64 position: splitmix64 of (key(seed, salt) + position * gamma).
+    No generator state, so any batch can be recomputed from its stream position alone."""
+    x = positions.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(_mix_int(_mix_int(seed) ^ salt))
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+class Loader:
+    """Endless, deterministic, rank-sharded batches from one split's shards.
+
+    The split's tokens (documents followed by [SEP]) form a stream of n_tokens per epoch; epoch e reads them in
+    blocks of block_tokens permuted by hash64(seed, e) (the val split is read in order). `position` counts
+    stream tokens consumed by all ranks. A call next_batch(B, T) builds world_size * B windows back to back
+    from `position`; rank r takes windows r*B .. r*B+B-1, and position advances past all of them. Hence ranks
+    never overlap, and their batches concatenated in rank order equal the batch one rank would draw with
+    batch size world_size * B, masks included. B and T may change from call to call.
+      MLM: window = T-2 stream tokens, input_ids = [CLS] window [SEP] (B, T). Exactly k = round(mask_rate*T)
+        positions per sequence, chosen uniformly among non-special tokens: label_positions (B, k) ascending
+        positions into T, labels (B, k) the original ids (-100 where a sequence has fewer than k maskable
+        tokens). Each chosen token becomes [MASK] (80%), a random ordinary token (10%) or stays (10%).
+      CLM: window = T+1 stream tokens (windows overlap by one), input_ids = window[:-1], labels = window[1:].
+    The state holds the global position and seed; a run resumed with another world_size continues the same
+    global stream. The stream is cut at block and epoch boundaries without a [SEP]; with 8192-token blocks that
+    touches about T/8192 of the windows."""
+
+    def __init__(self, shards, n_ordinary, special, objective="mlm", seed=0, rank=0, world_size=1,
+                 mask_rate=0.25, device="cpu", shuffle=True, block_tokens=BLOCK_TOKENS, prefetch=None):
+        if objective not in ("mlm", "clm"):
+            raise ValueError(f"objective must be 'mlm' or 'clm', got {objective!r}")
+        if not 0 < mask_rate < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 < mask_rate < 1 and 0 <= rank < world_size "
+                             f"(got {mask_rate}, {rank}, {world_size})")
+        self.shards = [read_shard(p) for p in shards]
+        self.starts = np.cumsum([0] + [len(s) for s in self.shards])  # shard i holds stream ids starts[i]..
+        self.n_tokens = int(self.starts[-1])
+        if self.n_tokens == 0:
+            raise ValueError(f"no tokens in shards {shards}")
+        self.n_ordinary, self.special, self.objective, self.seed = n_ordinary, special, objective, seed
+        self.rank, self.world_size, self.mask_rate, self.device = rank, world_size, mask_rate, torch.device(device)
+        # prefetch pays off on CUDA, where the main thread waits for the GPU; on CPU the thread only competes
+        # for the GIL and the cores (bench/bench_data.py measures both)
+        self.shuffle, self.block = shuffle, block_tokens
+        self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
+        self.position, self.batches, self._perms, self._ahead, self._pool = 0, 0, {}, None, None
+
+    def state_dict(self):
+        return {"position": self.position, "epoch": self.position // self.n_tokens, "batches": self.batches,
+                "seed": self.seed, "n_tokens": self.n_tokens}
+
+    def load_state_dict(self, state):
+        if state["n_tokens"] != self.n_tokens:
+            raise ValueError(f"loader state is for a split of {state['n_tokens']} tokens, this one has {self.n_tokens}")
+        self.position, self.batches, self.seed = int(state["position"]), int(state["batches"]), int(state["seed"])
+        self._ahead, self._perms = None, {}
+
+    def _perm(self, epoch):
+        """Block order of one epoch: full blocks shuffled by hash, the last partial block kept at the end."""
+        perm = self._perms.get(epoch)
+        if perm is None:
+            if len(self._perms) > 4:  # a batch spans at most a few epochs; keep the cache small
+                self._perms = {}
+            n_full = self.n_tokens // self.block
+            order = np.argsort(hash64(self.seed, 1000 + epoch, np.arange(n_full)), kind="stable")
+            perm = self._perms[epoch] = np.append(order, n_full) if self.shuffle else np.arange(n_full + 1)
+        return perm
+
+    def _read(self, pos):
+        """(B, L) absolute stream positions -> (B, L) int64 tokens."""
+        first, last = int(pos[0, 0]) // self.n_tokens, int(pos[-1, -1]) // self.n_tokens
+        epoch = np.full_like(pos, first) if first == last else pos // self.n_tokens
+        block, offset = np.divmod(pos - epoch * self.n_tokens, self.block)
+        for e in range(first, last + 1):  # usually one epoch per batch; tiny corpora wrap several times
+            sel = slice(None) if first == last else epoch == e
+            block[sel] = self._perm(e)[block[sel]]
+        src = block * self.block + offset
+        if len(self.shards) == 1:
+            return self.shards[0][src].astype(np.int64)
+        out, which = np.empty(src.shape, dtype=np.int64), np.searchsorted(self.starts, src, side="right") - 1
+        for i in np.unique(which):
+            sel = which == i
+            out[sel] = self.shards[i][src[sel] - self.starts[i]]
+        return out
+
+    def _mask(self, window, pos, T):
+        """BERT masking of (B, T-2) windows -> the MLM batch (numpy)."""
+        k = round(self.mask_rate * T)
+        if not 1 <= k <= T - 2:
+            raise ValueError(f"mask_rate {self.mask_rate} at seq_len {T} gives {k} masked positions (need 1..{T - 2})")
+        score = hash64(self.seed, 1, pos)
+        score[window >= self.n_ordinary] = np.iinfo(np.uint64).max  # specials are picked last, never masked
+        pick = np.sort(np.argpartition(score, k - 1, axis=1)[:, :k], axis=1)  # (B, k) columns of the window
+        orig, ppos = np.take_along_axis(window, pick, 1), np.take_along_axis(pos, pick, 1)
+        maskable = orig < self.n_ordinary
+        h = hash64(self.seed, 2, ppos)  # low 32 bits pick the action, high 32 bits the random token
+        action = ((h & np.uint64(0xFFFFFFFF)) % np.uint64(10)).astype(np.int64)
+        rand = ((h >> np.uint64(32)) % np.uint64(self.n_ordinary)).astype(np.int64)
+        new = np.where(action < 8, self.special["mask"], np.where(action == 8, rand, orig))
+        ids = np.empty((window.shape[0], T), dtype=np.int64)  # (B, T) = [CLS] window [SEP]
+        ids[:, 0], ids[:, 1:-1], ids[:, -1] = self.special["cls"], window, self.special["sep"]
+        np.put_along_axis(ids, pick + 1, np.where(maskable, new, orig), 1)
+        return {"input_ids": ids, "labels": np.where(maskable, orig, -100), "label_positions": pick + 1}
+
+    def _make(self, position, B, T):
+        """The batch of this rank starting at stream `position`, as numpy arrays (pinned tensors on CUDA)."""
+        mlm = self.objective == "mlm"
+        stride = T - 2 if mlm else T
+        if B < 1 or stride < 1:
+            raise ValueError(f"need batch_size >= 1 and seq_len >= {3 if mlm else 1} (got {B}, {T})")
+        starts = position + stride * (self.rank * B + np.arange(B))
+        pos = starts[:, None] + np.arange(stride if mlm else T + 1)  # (B, L) stream positions
+        window = self._read(pos)
+        batch = self._mask(window, pos, T) if mlm else {"input_ids": window[:, :-1], "labels": window[:, 1:]}
+        batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+        if self.device.type == "cuda":  # page-locked host memory lets the copy to the GPU run asynchronously
+            batch = {k: v.pin_memory() for k, v in batch.items()}
+        return batch
+
+    def next_batch(self, batch_size, seq_len=128):
+        """The next batch of this rank as a dict of int64 tensors on the loader's device (see class doc).
+        With prefetch, a background thread builds the batch after it (same sizes) during the training step;
+        since a batch is a pure function of its position, prefetching never changes what is returned."""
+        key = (self.position, batch_size, seq_len)
+        ahead, self._ahead = self._ahead, None
+        batch = ahead[1].result() if ahead is not None and ahead[0] == key else self._make(*key)
+        self.position += self.world_size * batch_size * (seq_len - 2 if self.objective == "mlm" else seq_len)
+        self.batches += 1
+        if self.prefetch:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="growcram-loader")
+            nxt = (self.position, batch_size, seq_len)
+            self._ahead = (nxt, self._pool.submit(self._make, *nxt))
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+
+def make_loader(meta, split="train", objective="mlm", seed=0, rank=None, world_size=None, mask_rate=0.25,
+                device="cpu", shuffle=None, block_tokens=BLOCK_TOKENS, prefetch=None):
+    """Loader over prepare_data's output (the dict, its folder or meta.json). rank/world_size default to
+    torch.distributed's when it is initialized, else 0/1; shuffle defaults to True for train only; prefetch
+    (a background thread building the next batch) defaults to True on CUDA only."""
+    meta = load_meta(meta) if isinstance(meta, str) else meta
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    if not meta[split]:
+        raise ValueError(f"{meta['dir']}: split '{split}' is empty (val_fraction 0?)")
+    dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank = rank if rank is not None else torch.distributed.get_rank() if dist else 0
+    world_size = world_size if world_size is not None else torch.distributed.get_world_size() if dist else 1
+    return Loader(meta[split], meta["n_ordinary"], meta["special_ids"], objective, seed, rank, world_size,
+                  mask_rate, device, split == "train" if shuffle is None else shuffle, block_tokens, prefetch)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Prepare a corpus: clean, train a tokenizer, write token shards.")
+    # Data
+    p.add_argument("--data", default="sample", help="'sample' (bundled Shakespeare), 'fineweb' (download) or a "
+                   "file/folder of .txt/.jsonl/.jsonl.gz/.parquet")
+    p.add_argument("--out", default="cache", help="cache folder; results land in OUT/<name>-<settings hash>/")
+    p.add_argument("--fineweb-shards", type=int, default=None,
+                   help="FineWeb-Edu shards to download (~55 M tokens each; default: from --max-tokens, else 1)")
+    p.add_argument("--max-tokens", type=float, default=None, help="token budget; picks --fineweb-shards (tokens)")
+    p.add_argument("--fineweb-url", default=FINEWEB_URL, help="base URL holding shard_00000.parquet, ...")
+    # Tokenizer
+    p.add_argument("--tokenizer", default="train", help="'train' (rustbpe), 'gpt2', 'cl100k_base' or a tokenizer.json")
+    p.add_argument("--vocab-size", type=int, default=32768, help="vocabulary size (tokens, rounded up to x64)")
+    p.add_argument("--tokenizer-chars", type=int, default=TOKENIZER_CHARS, help="corpus characters to train on")
+    # Cleaning
+    p.add_argument("--normalize", default="NFC", help="Unicode normal form (NFC, NFKC, ...; 'none' = off)")
+    p.add_argument("--lowercase", action="store_true", help="lowercase all text (cramming does)")
+    p.add_argument("--strip-accents", action="store_true", help="drop combining accents (cramming does)")
+    p.add_argument("--no-dedup", action="store_true", help="keep exact duplicate documents")
+    p.add_argument("--max-tokens-per-char", type=float, default=None,
+                   help="drop documents above this tokens/character ratio (cramming: 0.25; default off)")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="fraction of documents for validation")
+    p.add_argument("--max-val-tokens", type=int, default=10_000_000, help="cap on validation tokens")
+    p.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: CPUs - 1)")
+    args = p.parse_args(argv)
+    try:
+        meta = prepare_data(args.data, args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                            normalize=None if args.normalize.lower() == "none" else args.normalize,
+                            lowercase=args.lowercase, strip_accents=args.strip_accents, dedup=not args.no_dedup,
+                            max_tokens_per_char=args.max_tokens_per_char, val_fraction=args.val_fraction,
+                            max_val_tokens=args.max_val_tokens, tokenizer_chars=args.tokenizer_chars,
+                            fineweb_shards=args.fineweb_shards, max_tokens=args.max_tokens,
+                            fineweb_url=args.fineweb_url, workers=args.workers)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    r = meta["report"]
+    print("---")
+    print(f"folder:          {meta['dir']}{' (reused)' if meta['reused'] else ''}")
+    print(f"tokenizer:       {meta['tokenizer']} (n_vocab {meta['n_vocab']})")
+    print(f"documents:       {r['documents_in']:,} in, {r['documents_out']:,} kept "
+          f"({meta['train_documents']:,} train / {meta['val_documents']:,} val)")
+    for step, v in r["removed"].items():
+        print(f"  {step + ':':16s} {v['documents']:,} documents, {v['bytes']:,} bytes removed")
+    print(f"invalid UTF-8:   {sum(r['invalid_utf8'].values()):,} sequences replaced")
+    print(f"tokens:          {meta['train_tokens']:,} train / {meta['val_tokens']:,} val "
+          f"({r['bytes_out'] / max(1, meta['train_tokens'] + meta['val_tokens']):.2f} bytes/token)")
+    print(f"summary json:    {os.path.join(meta['dir'], 'meta.json')}")
+    return meta
+
+
+if __name__ == "__main__":
+    main()

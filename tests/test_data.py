@@ -1,0 +1,548 @@
+"""Spec for data.py: sources, cleaning, tokenizer, shards, batches, downloads. Hermetic: tiny corpora built in
+tmp_path, downloads served by a local http.server on 127.0.0.1, no network.
+
+    python -m pytest -q tests/test_data.py
+"""
+import gzip
+import http.server
+import json
+import os
+import socket
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tiktoken
+import tiktoken.load
+import tiktoken.registry
+import torch
+
+import data
+
+SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "ta", "shi", "po", "ven", "dar", "el", "gu"]
+
+
+def make_docs(n_docs, words=60, seed=0):
+    """Pseudo-English documents of made-up words: enough repeated pairs to train a few hundred merges."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for _ in range(n_docs):
+        ws = ["".join(rng.choice(SYLLABLES, size=rng.integers(1, 4))) for _ in range(words)]
+        docs.append(" ".join(ws).capitalize() + ". " + str(int(rng.integers(0, 1000))) + "\n")
+    return docs
+
+
+def write_jsonl(path, docs, gz=False):
+    opener = gzip.open if gz else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}) + "\n")
+    return str(path)
+
+
+def write_parquet(path, docs, column="text"):
+    pq.write_table(pa.table({column: docs}), path, row_group_size=4)
+    return str(path)
+
+
+def fake_meta(tmp_path, tokens, n_ordinary=100):
+    """A hand-made prepared split: shard of `tokens`, specials pad/cls/sep/mask = n_ordinary .. n_ordinary+3."""
+    path = str(tmp_path / "train_00000.bin")
+    data.write_shard(path, tokens)
+    special = {"pad": n_ordinary, "cls": n_ordinary + 1, "sep": n_ordinary + 2, "mask": n_ordinary + 3}
+    return {"dir": str(tmp_path), "train": [path], "val": [path], "n_ordinary": n_ordinary, "special_ids": special}
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return data.train_tokenizer(make_docs(40), vocab_size=384)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prep")
+    src = write_jsonl(root / "corpus.jsonl", make_docs(30))
+    return data.prepare_data(src, str(root / "cache"), vocab_size=320, workers=1, val_fraction=0.1, progress=False)
+
+
+# ---------------------------------------------------------------------------------------------- sources
+
+def test_missing_path_is_a_one_line_error_naming_it(tmp_path):
+    with pytest.raises(ValueError, match="data path not found: .*nope.*--data sample") as e:
+        data.list_files(str(tmp_path / "nope"))
+    assert "\n" not in str(e.value)
+
+
+def test_folder_without_corpus_files_is_an_error(tmp_path):
+    (tmp_path / "notes.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match="holds no .txt"):
+        data.list_files(str(tmp_path))
+
+
+def test_txt_jsonl_gz_and_parquet_are_read_from_a_folder(tmp_path):
+    (tmp_path / "a.txt").write_text("plain text file\n")
+    write_jsonl(tmp_path / "b.jsonl.gz", ["gz one", "gz two"], gz=True)
+    write_parquet(tmp_path / "c.parquet", ["pq one", "pq two", "pq three"])
+    files = data.list_files(str(tmp_path))
+    docs = [d for f in files for d in data.iter_documents(f)]
+    assert docs == ["plain text file\n", "gz one", "gz two", "pq one", "pq two", "pq three"]
+
+
+def test_sample_corpus_is_bundled_with_42_works():
+    name, files, _ = data._resolve("sample", "unused", None, None, data.FINEWEB_URL, False)
+    docs = list(data.iter_documents(files[0]))
+    assert name == "sample" and len(docs) == 42 and sum(map(len, docs)) > 4_000_000
+
+
+def test_big_txt_file_is_cut_into_documents_at_blank_lines(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "TXT_DOC_CHARS", 20)
+    (tmp_path / "a.txt").write_text("first paragraph is long\n\nsecond one is long too\n\nend\n")
+    docs = list(data.iter_documents(str(tmp_path / "a.txt")))
+    assert docs == ["first paragraph is long\n\n", "second one is long too\n\n", "end\n"]
+
+
+def test_jsonl_line_without_text_field_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "ok"}\n{"body": "no text here"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: no 'text' field"):
+        list(data.iter_documents(str(path)))
+
+
+def test_parquet_without_text_column_names_file_and_columns(tmp_path):
+    path = write_parquet(tmp_path / "bad.parquet", ["x"], column="content")
+    with pytest.raises(ValueError, match=r"bad.parquet: no 'text' column \(columns: content\)"):
+        list(data.iter_documents(path))
+
+
+def test_invalid_utf8_is_replaced_and_counted_per_file(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"caf\xe9 ok\n\xff\xfe end\n")
+    data._UTF8["replaced"].clear()
+    docs = list(data.iter_documents(str(path)))
+    assert docs == ["caf\ufffd ok\n\ufffd\ufffd end\n"]
+    assert data._UTF8["replaced"][str(path)] == 3
+
+
+# ---------------------------------------------------------------------------------------------- cleaning
+
+def test_clean_text_normalizes_lowercases_and_strips_accents_reporting_bytes():
+    decomposed = "Cafe\u0301 NAI\u0308VE"  # 'e' + combining acute: NFC composes it into one character
+    text, removed = data.clean_text(decomposed, normalize="NFC", lowercase=True, strip_accents=True)
+    assert text == "cafe naive"
+    # NFC: e+U+0301 (3 bytes) -> é (2 bytes), I+U+0308 -> Ï: 2 bytes removed; stripping accents: 2 more
+    assert removed == {"normalize": 2, "lowercase": 0, "strip_accents": 2}
+
+
+def test_prepare_removes_duplicates_empty_and_incompressible_documents(tmp_path):
+    docs = make_docs(12)
+    junk = "".join(chr(0x4E00 + i * 37) for i in range(300))  # unseen CJK: ~3 byte tokens per character
+    src = write_jsonl(tmp_path / "c.jsonl", docs + [docs[0], docs[1], "   ", junk])
+    meta = data.prepare_data(src, str(tmp_path / "cache"), vocab_size=320, workers=1, max_tokens_per_char=1.0,
+                             progress=False)
+    r = meta["report"]
+    assert r["documents_in"] == 16 and r["documents_out"] == 12
+    assert r["removed"]["duplicate"] == {"documents": 2, "bytes": len((docs[0] + docs[1]).encode())}
+    assert r["removed"]["empty"]["documents"] == 1
+    assert r["removed"]["compressibility"] == {"documents": 1, "bytes": len(junk.encode())}
+    assert r["bytes_out"] == sum(len(d.encode()) for d in docs)
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+def test_vocab_is_padded_to_a_multiple_of_64_with_specials_after_the_merges(enc):
+    assert enc.n_vocab == 384 and enc.n_vocab % 64 == 0
+    ids = data.special_ids(enc)
+    assert data.n_ordinary(enc) == ids["pad"] == 376  # 256 bytes + 120 merges, then 4 specials + 4 reserved
+    assert [ids[k] for k in ("pad", "cls", "sep", "mask")] == [376, 377, 378, 379]
+    assert enc.decode_single_token_bytes(383) == b"[RESERVED_3]"
+
+
+def test_vocab_size_not_a_multiple_of_64_is_rounded_up():
+    assert data.train_tokenizer(make_docs(40), vocab_size=330).n_vocab == 384
+    with pytest.raises(ValueError, match="too small"):
+        data.train_tokenizer(["abc"], vocab_size=260)
+
+
+def test_encode_decode_round_trips_any_utf8(enc):
+    rng = np.random.default_rng(0)
+    texts = ["", "naïve café", "日本語のテキスト", "emoji 🤖👍🏽 ZWJ 👩‍👩‍👧", "e\u0301 combining",
+             "\r\n\t\x00 nul", "12345678901234567890", "[MASK] [CLS] look like specials"]
+    texts += ["".join(chr(c) for c in rng.integers(1, 0x10FFFF, 50) if not 0xD800 <= c < 0xE000) for _ in range(20)]
+    for t in texts:
+        assert enc.decode(enc.encode_ordinary(t)) == t
+
+
+def test_special_token_strings_in_text_are_ordinary_bytes(enc):
+    ids = enc.encode_ordinary("[MASK]")
+    assert data.special_ids(enc)["mask"] not in ids and max(ids) < data.n_ordinary(enc)
+
+
+def test_numbers_are_split_into_groups_of_at_most_two_digits(enc):
+    pieces = [enc.decode([i]) for i in enc.encode_ordinary("12345")]
+    assert "".join(pieces) == "12345" and max(map(len, pieces)) <= 2
+
+
+def test_tokenizer_file_is_plain_json_and_loads_identically(enc, tmp_path):
+    path = str(tmp_path / "tok.json")
+    data.save_tokenizer(enc, path)
+    doc = json.load(open(path))
+    assert doc["format"] == "growcram-tokenizer" and doc["version"] == 1 and len(doc["ranks"]) == 376
+    loaded = data.load_tokenizer(path)
+    text = " ".join(make_docs(3, seed=9))
+    assert loaded.encode_ordinary(text) == enc.encode_ordinary(text) and loaded.n_vocab == 384
+    assert data.special_ids(loaded) == data.special_ids(enc)
+    assert os.listdir(tmp_path) == ["tok.json"]  # no temporary file left
+
+
+def test_tokenizer_of_another_version_is_a_one_line_error_naming_the_file(enc, tmp_path):
+    path = str(tmp_path / "tok.json")
+    data.save_tokenizer(enc, path)
+    doc = json.load(open(path))
+    doc["version"] = 99
+    json.dump(doc, open(path, "w"))
+    with pytest.raises(ValueError, match=r"tok.json: tokenizer format version 99, this data.py reads version 1"):
+        data.load_tokenizer(path)
+    open(path, "w").write("{not json")
+    with pytest.raises(ValueError, match="tok.json: not a tokenizer file"):
+        data.load_tokenizer(path)
+
+
+def test_token_bytes_counts_utf8_bytes_and_zero_for_specials(enc):
+    nb = data.token_bytes(enc)
+    ids = enc.encode_ordinary("naïve café 日本")
+    assert nb[ids].sum() == len("naïve café 日本".encode()) and nb[data.n_ordinary(enc):].sum() == 0
+
+
+def test_stock_encoding_offline_is_a_one_line_error(tmp_path, monkeypatch):
+    def no_network(url):
+        raise ConnectionError(f"network disabled in tests: {url}")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # empty cache: tiktoken must fetch the ranks
+    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+    with pytest.raises(ValueError, match="tokenizer 'gpt2': ranks not in .TIKTOKEN_CACHE_DIR") as e:
+        data.stock_tokenizer("gpt2")
+    assert "\n" not in str(e.value)
+
+
+def test_stock_encoding_keeps_its_specials_and_gets_ours_after_them(monkeypatch):
+    ranks = {bytes([i]): i for i in range(256)}
+    fake = tiktoken.Encoding("fake", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens={"<|eot|>": 256})
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: fake)
+    enc = data.stock_tokenizer("gpt2")
+    assert enc.encode_single_token("<|eot|>") == 256 and data.special_ids(enc)["pad"] == 257
+    assert enc.n_vocab == 320 and enc.encode_ordinary("hi there") == fake.encode_ordinary("hi there")
+
+
+# ---------------------------------------------------------------------------------------------- shards
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_shard_round_trips_through_memmap(tmp_path, itemsize):
+    path = str(tmp_path / "s.bin")
+    tokens = np.arange(1000) * (70 if itemsize == 4 else 1)
+    data.write_shard(path, tokens, itemsize)
+    got = data.read_shard(path)
+    assert got.dtype == np.dtype(f"<u{itemsize}") and np.array_equal(got, tokens)
+    assert os.path.getsize(path) == 32 + 1000 * itemsize
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b[:20], "truncated shard header"),
+    (lambda b: b"NOTTOKEN" + b[8:], "not a token shard"),
+    (lambda b: b[:8] + (7).to_bytes(4, "little") + b[12:], "unsupported shard"),
+    (lambda b: b[:-2], "truncated or corrupt shard"),
+])
+def test_damaged_shard_is_a_one_line_error_naming_the_file(tmp_path, damage, message):
+    path = tmp_path / "s.bin"
+    data.write_shard(str(path), np.arange(10))
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ValueError, match=f"s.bin: {message}"):
+        data.read_shard(str(path))
+
+
+def test_prepared_shards_hold_documents_each_followed_by_sep(prepared):
+    enc = data.load_tokenizer(prepared["tokenizer"])
+    sep = prepared["special_ids"]["sep"]
+    train = np.concatenate([data.read_shard(p) for p in prepared["train"]])
+    docs = make_docs(30)
+    train_docs = [d for i, d in enumerate(docs) if i % 10 != 0]  # val_fraction 0.1: documents 0, 10, 20 -> val
+    expected = [t for d in train_docs for t in enc.encode_ordinary(d) + [sep]]
+    assert train.tolist() == expected
+    assert prepared["train_documents"] == 27 and prepared["val_documents"] == 3
+    assert prepared["train_tokens"] == len(expected) and train.dtype == np.uint16
+
+
+def test_second_prepare_with_same_settings_reuses_the_cache(prepared):
+    source, cache = prepared["settings"]["source"][0][0], os.path.dirname(prepared["dir"])
+    again = data.prepare_data(source, cache, vocab_size=320, workers=1, val_fraction=0.1, progress=False)
+    other = data.prepare_data(source, cache, vocab_size=320, workers=1, val_fraction=0.2, progress=False)
+    assert again["reused"] and again["dir"] == prepared["dir"]
+    assert not other["reused"] and other["dir"] != prepared["dir"]
+
+
+def test_failed_prepare_leaves_no_partial_files(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_docs(5))
+    (tmp_path / "corpus" / "b.jsonl").write_text('{"text": "fine"}\n{"oops": 1}\n')
+    with pytest.raises(ValueError, match="b.jsonl:2"):
+        data.prepare_data(str(tmp_path / "corpus"), str(tmp_path / "cache"), vocab_size=320, workers=1,
+                          progress=False)
+    assert os.listdir(tmp_path / "cache") == []
+
+
+def test_empty_corpus_is_an_error(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="empty.jsonl: no documents found"):
+        data.prepare_data(str(tmp_path / "empty.jsonl"), str(tmp_path / "cache"), vocab_size=320, workers=1,
+                          progress=False)
+
+
+def test_process_pool_writes_the_same_shards_as_one_process(tmp_path):
+    src = write_jsonl(tmp_path / "c.jsonl", make_docs(20))
+    tok = str(tmp_path / "tok.json")
+    data.save_tokenizer(data.train_tokenizer(make_docs(20), 320), tok)
+    one = data.prepare_data(src, str(tmp_path / "a"), tokenizer=tok, workers=1, progress=False)
+    two = data.prepare_data(src, str(tmp_path / "b"), tokenizer=tok, workers=2, progress=False)
+    for split in ("train", "val"):
+        assert [open(p, "rb").read() for p in one[split]] == [open(p, "rb").read() for p in two[split]]
+
+
+# ---------------------------------------------------------------------------------------------- batches
+
+def test_mlm_batch_shapes_and_fixed_masked_count(tmp_path):
+    loader = data.make_loader(fake_meta(tmp_path, np.arange(5000) % 100), "train", "mlm", seed=0)
+    b = loader.next_batch(4, 128)
+    assert b["input_ids"].shape == (4, 128) and b["labels"].shape == (4, 32) == b["label_positions"].shape
+    assert all(v.dtype == torch.int64 for v in b.values())
+    assert (b["input_ids"][:, 0] == 101).all() and (b["input_ids"][:, -1] == 102).all()  # [CLS] ... [SEP]
+    assert (b["label_positions"].diff(dim=1) > 0).all()  # distinct, ascending
+
+
+def test_mlm_masking_is_80_10_10_and_leaves_other_tokens_alone(tmp_path):
+    tokens = np.arange(20000) % 100  # unshuffled stream: the original of window j is known
+    loader = data.make_loader(fake_meta(tmp_path, tokens), "train", "mlm", seed=1, shuffle=False)
+    kinds = np.zeros(3)
+    for _ in range(8):
+        start = loader.position
+        b = {k: v.numpy() for k, v in loader.next_batch(16, 64).items()}
+        orig = tokens[start + np.arange(16)[:, None] * 62 + np.arange(62)]
+        rows = np.arange(16)[:, None]
+        assert np.array_equal(b["labels"], orig[rows, b["label_positions"] - 1])
+        got = b["input_ids"][rows, b["label_positions"]]
+        kinds += [(got == 103).sum(), ((got != 103) & (got != b["labels"])).sum(), (got == b["labels"]).sum()]
+        untouched = np.ones((16, 64), bool)
+        untouched[rows, b["label_positions"]] = False
+        assert np.array_equal(b["input_ids"][:, 1:-1][untouched[:, 1:-1]], orig[untouched[:, 1:-1]])
+    frac = kinds / kinds.sum()  # 2048 masked tokens; random replacement equals the original 1% of the time
+    assert abs(frac[0] - 0.8) < 0.03 and abs(frac[1] - 0.1) < 0.02 and abs(frac[2] - 0.1) < 0.02
+
+
+def test_special_tokens_are_never_masked_and_short_rows_get_ignore_labels(tmp_path):
+    tokens = np.array([5, 102] * 500)  # one-token documents: half of every window is [SEP]
+    loader = data.make_loader(fake_meta(tmp_path, tokens), "train", "mlm", seed=0, mask_rate=0.6)
+    b = loader.next_batch(8, 12)  # k = round(0.6 * 12) = 7, but only 5 of the 10 window tokens are maskable
+    assert b["labels"].shape == (8, 7)
+    assert ((b["labels"] == 5).sum(1) == 5).all() and ((b["labels"] == -100).sum(1) == 2).all()
+    ignored = b["label_positions"][b["labels"] == -100]
+    assert (b["input_ids"].gather(1, b["label_positions"])[b["labels"] == -100] == 102).all() and len(ignored) == 16
+
+
+def test_clm_labels_are_the_next_tokens(tmp_path):
+    tokens = np.arange(3000) % 97
+    loader = data.make_loader(fake_meta(tmp_path, tokens), "train", "clm", seed=0, shuffle=False)
+    b = loader.next_batch(3, 10)
+    assert b["input_ids"].tolist()[1] == list(range(10, 20)) and b["labels"].tolist()[1] == list(range(11, 21))
+
+
+def test_one_shuffled_epoch_reads_every_token_exactly_once(tmp_path):
+    tokens = np.arange(64 * 40)
+    loader = data.make_loader(fake_meta(tmp_path, tokens, n_ordinary=5000), "train", "clm", seed=3,
+                              block_tokens=64)
+    seen = np.concatenate([loader.next_batch(4, 64)["input_ids"].flatten().numpy() for _ in range(10)])
+    assert sorted(seen.tolist()) == tokens.tolist() and not np.array_equal(seen, tokens)
+    assert loader.state_dict()["epoch"] == 1
+
+
+def test_same_seed_same_batches_other_seed_other_batches(tmp_path):
+    meta = fake_meta(tmp_path, np.arange(50000) % 100)
+    a, b, c = (data.make_loader(meta, "train", "mlm", seed=s).next_batch(8, 32) for s in (7, 7, 8))
+    assert all(torch.equal(a[k], b[k]) for k in a) and not torch.equal(a["input_ids"], c["input_ids"])
+
+
+def test_resumed_loader_reproduces_the_uninterrupted_stream_bitwise(tmp_path):
+    meta = fake_meta(tmp_path, np.arange(7000) % 100)  # small: the stream wraps over several epochs
+    sizes = [(8, 32), (16, 32), (16, 64), (4, 130), (32, 64)]
+    run = data.make_loader(meta, "train", "mlm", seed=5)
+    for B, T in sizes[:2]:
+        run.next_batch(B, T)
+    state = json.loads(json.dumps(run.state_dict()))  # survives a JSON checkpoint
+    later = [run.next_batch(B, T) for B, T in sizes[2:] * 4]
+    resumed = data.make_loader(meta, "train", "mlm", seed=123)
+    resumed.load_state_dict(state)
+    for want, (B, T) in zip(later, sizes[2:] * 4):
+        got = resumed.next_batch(B, T)
+        assert all(torch.equal(want[k], got[k]) for k in want)
+    assert state["epoch"] == 0 and run.state_dict()["epoch"] >= 2
+
+
+def test_prefetching_loader_returns_the_same_stream(tmp_path):
+    meta = fake_meta(tmp_path, np.arange(20000) % 100)
+    ahead, plain = (data.make_loader(meta, "train", "mlm", seed=4, prefetch=p) for p in (True, False))
+    for B, T in [(8, 32), (8, 32), (4, 64), (4, 64), (16, 16)]:
+        x, y = ahead.next_batch(B, T), plain.next_batch(B, T)
+        assert all(torch.equal(x[k], y[k]) for k in x)
+    assert ahead.state_dict() == plain.state_dict()
+
+
+def test_ranks_draw_disjoint_sequences_that_together_equal_one_rank(tmp_path):
+    meta = fake_meta(tmp_path, np.arange(100000) % 100)
+    ranks = [data.make_loader(meta, "train", "mlm", seed=2, rank=r, world_size=2) for r in (0, 1)]
+    single = data.make_loader(meta, "train", "mlm", seed=2)
+    for _ in range(3):
+        parts = [loader.next_batch(4, 32) for loader in ranks]
+        whole = single.next_batch(8, 32)
+        for k in whole:
+            assert torch.equal(torch.cat([parts[0][k], parts[1][k]]), whole[k])
+    starts = [loader.state_dict()["position"] for loader in ranks + [single]]
+    assert starts == [3 * 8 * 30] * 3
+
+
+def test_loader_state_from_other_data_is_rejected(tmp_path):
+    a = data.make_loader(fake_meta(tmp_path, np.arange(1000) % 100), "train", "clm")
+    (tmp_path / "b").mkdir()
+    b = data.make_loader(fake_meta(tmp_path / "b", np.arange(999) % 100), "train", "clm")
+    with pytest.raises(ValueError, match="1000 tokens, this one has 999"):
+        b.load_state_dict(a.state_dict())
+
+
+def test_loader_reads_a_prepared_folder(prepared):
+    loader = data.make_loader(prepared["dir"], "val", "mlm", seed=0)
+    b = loader.next_batch(2, 16)
+    assert b["input_ids"].shape == (2, 16) and loader.n_tokens == prepared["val_tokens"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_batches_land_on_the_gpu(prepared):
+    b = data.make_loader(prepared, "train", "mlm", device="cuda").next_batch(4, 32)
+    assert all(v.is_cuda for v in b.values())
+
+
+# ---------------------------------------------------------------------------------------------- downloads
+
+class FixtureHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder; honours Range (206) unless ignore_range; truncate_first cuts the first response short."""
+    ignore_range, truncate_first, log = False, False, []
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        type(self).log.append((self.path, self.headers.get("Range")))
+        path = self.translate_path(self.path)
+        if not os.path.isfile(path):
+            return self.send_error(404)
+        body = open(path, "rb").read()
+        start = int(self.headers["Range"][6:-1]) if self.headers.get("Range") and not self.ignore_range else 0
+        self.send_response(206 if start else 200)
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        if type(self).truncate_first:
+            type(self).truncate_first = False
+            self.wfile.write(body[start:start + (len(body) - start) // 2])
+            self.close_connection = True
+            return
+        self.wfile.write(body[start:])
+
+
+@pytest.fixture
+def server(tmp_path):
+    root = tmp_path / "remote"
+    root.mkdir()
+    handler = type("Handler", (FixtureHandler,), {"log": []})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}", handler
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_fineweb_download_feeds_prepare_data(server, tmp_path):
+    root, url, _ = server
+    for i in range(2):
+        write_parquet(root / f"shard_{i:05d}.parquet", make_docs(10, seed=i))
+    meta = data.prepare_data("fineweb", str(tmp_path / "cache"), vocab_size=320, fineweb_shards=2, fineweb_url=url,
+                             workers=1, progress=False)
+    assert meta["report"]["documents_in"] == 20 and meta["train_tokens"] > 0
+    for i in range(2):
+        name = f"shard_{i:05d}.parquet"
+        assert open(tmp_path / "cache" / "fineweb" / name, "rb").read() == open(root / name, "rb").read()
+
+
+def test_download_resumes_a_partial_file_with_a_range_request(server, tmp_path):
+    root, url, handler = server
+    body = os.urandom(100_000)
+    (root / "f.bin").write_bytes(body)
+    (tmp_path / "f.bin.partial").write_bytes(body[:40_000])
+    data.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), progress=False)
+    assert (tmp_path / "f.bin").read_bytes() == body and handler.log == [("/f.bin", "bytes=40000-")]
+    assert not (tmp_path / "f.bin.partial").exists()
+
+
+def test_download_starts_over_when_the_server_ignores_range(server, tmp_path):
+    root, url, handler = server
+    handler.ignore_range = True
+    (root / "f.bin").write_bytes(b"x" * 5000)
+    (tmp_path / "f.bin.partial").write_bytes(b"junk")
+    data.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), progress=False)
+    assert (tmp_path / "f.bin").read_bytes() == b"x" * 5000
+
+
+def test_cut_off_download_is_retried_and_resumed(server, tmp_path):
+    root, url, handler = server
+    handler.truncate_first = True
+    body = os.urandom(50_000)
+    (root / "f.bin").write_bytes(body)
+    data.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), backoff_s=0, progress=False)
+    assert (tmp_path / "f.bin").read_bytes() == body
+    assert handler.log == [("/f.bin", None), ("/f.bin", "bytes=25000-")]
+
+
+def test_missing_remote_file_fails_at_once(server, tmp_path):
+    _, url, handler = server
+    with pytest.raises(ValueError, match="HTTP 404"):
+        data.download_file(f"{url}/nope.bin", str(tmp_path / "nope.bin"), backoff_s=0, progress=False)
+    assert len(handler.log) == 1
+
+
+def test_offline_download_error_is_one_line_naming_the_alternatives(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "DOWNLOAD_BACKOFF_S", 0.0)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ValueError) as e:
+        data.prepare_data("fineweb", str(tmp_path), fineweb_url=f"http://127.0.0.1:{port}", progress=False)
+    msg = str(e.value)
+    assert "offline" in msg and "--data sample" in msg and "--data PATH" in msg and "\n" not in msg
+    assert not any(f.endswith(".parquet") for f in os.listdir(tmp_path / "fineweb"))
+
+
+def test_fineweb_shard_count_follows_the_token_budget():
+    assert data.shards_for_tokens(1e6) == 1 and data.shards_for_tokens(5.5e9) == 100
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+def test_cli_prints_a_summary_and_writes_json(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "c.jsonl", make_docs(10))
+    meta = data.main(["--data", src, "--out", str(tmp_path / "cache"), "--vocab-size", "320", "--workers", "1"])
+    out = capsys.readouterr().out
+    assert "documents:       10 in, 10 kept (9 train / 1 val)" in out
+    assert json.load(open(os.path.join(meta["dir"], "meta.json")))["train_tokens"] == meta["train_tokens"]
+
+
+def test_cli_bad_path_exits_with_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="error: data path not found"):
+        data.main(["--data", str(tmp_path / "missing"), "--out", str(tmp_path)])

@@ -167,10 +167,14 @@ def shards_for_tokens(n_tokens):
     return max(1, math.ceil(n_tokens / FINEWEB_TOKENS_PER_SHARD))
 
 
-def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress=True):
+OFFLINE_HINT = "use --data sample (bundled corpus) or --data PATH (local .txt/.jsonl/.parquet)"
+
+
+def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress=True, hint=OFFLINE_HINT):
     """Download url to dest: resumes a dest.partial with an HTTP Range request, retries with exponential
     backoff (backoff_s, 2*backoff_s, ...; default DOWNLOAD_BACKOFF_S), checks the byte count against
-    Content-Length/Content-Range and renames into place at the end. Existing files are not fetched again."""
+    Content-Length/Content-Range and renames into place at the end. Existing files are not fetched again.
+    Failure is a one-line ValueError naming the URL, the reason and `hint` (what to do offline)."""
     backoff_s = DOWNLOAD_BACKOFF_S if backoff_s is None else backoff_s
     if os.path.exists(dest):
         return dest
@@ -201,13 +205,12 @@ def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress
             if e.code == 416 and os.path.exists(part):  # the partial file does not fit the remote file
                 os.remove(part)
             elif 400 <= e.code < 500:
-                raise ValueError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
+                raise ValueError(f"cannot download {url}: HTTP {e.code} {e.reason}; {hint}") from None
             error = e
         except (OSError, http.client.HTTPException) as e:  # URLError (offline, refused), timeouts, short reads
             error = e
     reason = getattr(error, "reason", error)
-    raise ValueError(f"cannot download {url} after {retries} tries ({reason}); offline? "
-                     f"use --data sample (bundled corpus) or --data PATH (local .txt/.jsonl/.parquet)")
+    raise ValueError(f"cannot download {url} after {retries} tries ({reason}); offline? {hint}")
 
 
 def download_fineweb(n_shards, out_dir, base_url=FINEWEB_URL, **kwargs):

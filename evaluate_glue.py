@@ -25,8 +25,6 @@ import os
 import shutil
 import sys
 import time
-import urllib.error
-import urllib.request
 import zipfile
 from contextlib import nullcontext
 
@@ -290,35 +288,14 @@ ZIPS = {"CoLA": "CoLA.zip", "SST-2": "SST-2.zip", "STS-B": "STS-B.zip", "QQP": "
 MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
 
 
-def fetch(url, dest, retries=3, retry_wait_s=2.0, timeout_s=60):
-    """Download url to dest atomically (dest.tmp, then os.replace) with a progress bar and retries."""
-    tmp = dest + ".tmp"
-    reason = "?"
-    for attempt in range(1, retries + 1):
-        try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as r, open(tmp, "wb") as f:
-                total = int(r.headers.get("Content-Length") or 0) or None
-                with tqdm(total=total, unit="B", unit_scale=True, desc=os.path.basename(dest), leave=False) as bar:
-                    while chunk := r.read(1 << 20):
-                        f.write(chunk)
-                        bar.update(len(chunk))
-            if total is not None and bar.n != total:
-                raise OSError(f"truncated: got {bar.n} of {total} bytes")
-            os.replace(tmp, dest)
-            return dest
-        except urllib.error.HTTPError as e:  # the server answered: 404 will not change on retry
-            reason = f"HTTP {e.code}"
-            if e.code < 500:
-                break
-        except (urllib.error.URLError, OSError, TimeoutError) as e:
-            reason = str(getattr(e, "reason", e))
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if attempt < retries:
-            time.sleep(retry_wait_s * 2 ** (attempt - 1))
-    if os.path.exists(tmp):
-        os.remove(tmp)
-    raise SystemExit(f"download failed: {url}: {reason} (offline? set --download-url to a reachable mirror)")
+def fetch(url, dest, retries=3, retry_wait_s=2.0):
+    """data.py's downloader (retries with backoff, resume, size check, atomic rename, progress bar); a failure
+    stops the run with one line."""
+    try:
+        return data.download_file(url, dest, retries=retries, backoff_s=retry_wait_s,
+                                  hint="set --download-url to a reachable mirror")
+    except ValueError as e:
+        raise SystemExit(f"download failed: {e}") from None
 
 
 def extract_task_zip(zip_path, glue_dir, task):

@@ -20,17 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model  # noqa: E402
-
-# Dense bf16 tensor-core peak FLOP/s (no sparsity) from the vendors' data sheets.
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A6000": 155e12, "4090": 165e12, "L40S": 362e12}
-
-
-def peak_flops(device):
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16.items() if k in name), None)
-
+from train import gpu_peak_flops  # noqa: E402
 
 def make_batch(cfg, batch_size, device, seed=0):
     """Random tokens with k = mask_rate * T masked positions per sequence, as data.py produces them."""
@@ -119,7 +109,7 @@ def main():
         "params_ours": model.count_params(cfg), "params_hf": sum(p.numel() for p in net_b.parameters()),
         "tokens_per_s_ours": round(tps_ours), "tokens_per_s_hf": round(tps_hf), "speedup": round(tps_ours / tps_hf, 3),
     }
-    peak = peak_flops(device)
+    peak = gpu_peak_flops(device)
     if peak:
         result["mfu_ours"] = round(tps_ours * model.flops_per_token(cfg) / peak, 3)
     print(f"{result['device']} {result['dtype']}, preset {args.preset}, batch {B} x {cfg['max_seq_len']} tokens")

@@ -415,5 +415,5 @@ def test_download_offline_is_one_line_error(tmp_path):
     with pytest.raises(SystemExit) as e:
         eg.download_glue(str(tmp_path / "g"), ["RTE"], base_url=f"http://127.0.0.1:{port}/", retries=2, retry_wait_s=0)
     msg = str(e.value)
-    assert msg.startswith(f"download failed: http://127.0.0.1:{port}/RTE.zip") and "\n" not in msg
+    assert msg.startswith(f"download failed: cannot download http://127.0.0.1:{port}/RTE.zip") and "\n" not in msg
     assert not os.listdir(str(tmp_path / "g"))  # no partial files left behind

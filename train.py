@@ -370,8 +370,8 @@ def train(args):
     net.train()
     run_net = wrap(net, args, device, world)
 
-    tokens_per_micro = args.micro_batch * args.seq_len * world
-    target_accum = max(1, round(args.batch_tokens / tokens_per_micro))
+    # The target batch is fixed in sequences: a growth stage with shorter sequences uses fewer tokens per step.
+    target_accum = max(1, round(args.batch_tokens / (args.micro_batch * args.seq_len * world)))
     seq_len = model.unwrap(run_net).config["max_seq_len"]
     flops_tok = model.flops_per_token(model.unwrap(run_net).config, seq_len)
     peak = gpu_peak_flops(device)
@@ -380,7 +380,7 @@ def train(args):
     say(f"device {device} ({str(dtype).replace('torch.', '')}), {world} process(es); "
         f"{model.count_params(cfg) / 1e6:.1f} M parameters ({model.count_params(cfg, False) / 1e6:.1f} M without "
         f"embeddings), {flops_tok / 1e6:.0f} MFLOP per token")
-    say(f"global batch {target_accum * tokens_per_micro:,} tokens = {args.micro_batch} sequences x {args.seq_len} "
+    say(f"global batch {target_accum * args.micro_batch * args.seq_len * world:,} tokens = {args.micro_batch} sequences x {args.seq_len} "
         f"tokens x {world} rank(s) x {target_accum} accumulation steps (ramped over {args.batch_ramp:.0%} of the budget)")
     if peak and budget.seconds:
         say(f"the budget should buy ~{budget.seconds * peak * 0.4 / flops_tok / 1e9:.2f} B tokens at 40% MFU "
@@ -396,22 +396,23 @@ def train(args):
     status = "budget spent"
 
     def progress_now():
-        elapsed = budget.elapsed()
-        if world > 1:  # every rank must see the same clock, or ranks would stop at different steps
-            t = torch.tensor([elapsed], dtype=torch.float64, device=device)
+        """(progress, elapsed, stop): the same on every rank, or ranks would stop or grow at different steps."""
+        elapsed, stop = budget.elapsed(), float(bool(stop_signal))
+        if world > 1:  # the slowest clock and any rank's signal count for all
+            t = torch.tensor([elapsed, stop], dtype=torch.float64, device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            elapsed = t.item()
-        return budget.progress(state["step"], state["tokens"], elapsed), elapsed
+            elapsed, stop = t.tolist()
+        return budget.progress(state["step"], state["tokens"], elapsed), elapsed, stop > 0
 
     def checkpoint():
         if rank == 0:
             save_checkpoint(ckpt_path, run_net, optimizer, loader, state)
 
     while True:
-        p, state["elapsed"] = progress_now()
+        p, state["elapsed"], stop = progress_now()
         if p >= 1.0:
             break
-        if stop_signal:
+        if stop:
             status = "preempted"
             break
 
@@ -447,6 +448,9 @@ def train(args):
                 loss = run_net(**batch)["loss"]
                 (loss / accum).backward()
             loss_sum += loss.detach().float()
+        if world > 1:  # one loss for all ranks, so all take the same skip-or-step decision
+            dist.all_reduce(loss_sum)
+            loss_sum /= world
         loss_value = loss_sum.item() / accum
         if state["step"] + state["skipped_steps"] + 1 in inject:  # counts attempted updates, skipped ones too
             loss_value = float("nan")
@@ -465,6 +469,7 @@ def train(args):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state["step"] += 1
+        tokens_per_micro = args.micro_batch * seq_len * world
         state["tokens"] += accum * tokens_per_micro
         bar.update(int(p * 1000) - bar.n)
 

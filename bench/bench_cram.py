@@ -1,6 +1,6 @@
 """Mini-cram: a fixed wall-clock budget on the bundled sample corpus, and the same tokens through Hugging Face BERT.
 
-    python bench/bench_cram.py                     # 5 CPU minutes, mini preset, vocab 8192
+    python bench/bench_cram.py                     # 5 CPU minutes, a 4 x 128 model, vocab 4096
     python bench/bench_cram.py --minutes 2 --out runs/mini_cram
 
 1. train.py runs our recipe (crammed-BERT block, sparse MLM, budget triangle, batch ramp) for --minutes of wall
@@ -31,7 +31,9 @@ def run_ours(args):
     if os.path.exists(os.path.join(out, "checkpoint.pt")):
         os.remove(os.path.join(out, "checkpoint.pt"))
     summary = train.main(["--data", "sample", "--cache", args.cache, "--vocab-size", str(args.vocab_size),
-                          "--model", args.preset, "--seq-len", str(args.seq_len), "--micro-batch", str(args.micro_batch),
+                          "--model", args.preset, "--n-layers", str(args.n_layers), "--d-model", str(args.d_model),
+                          "--n-heads", str(args.n_heads), "--ffn-dim", str(args.ffn_dim),
+                          "--seq-len", str(args.seq_len), "--micro-batch", str(args.micro_batch),
                           "--batch-tokens", str(args.batch_tokens), "--minutes", str(args.minutes),
                           "--eval-batches", str(args.eval_batches), "--seed", str(args.seed), "--out", out,
                           "--log-every", "20", "--checkpoint-minutes", "1000"])
@@ -113,8 +115,12 @@ def loss_at_time(curve, t):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=5.0, help="wall-clock budget of our run in minutes")
-    p.add_argument("--preset", default="mini", help="model preset (default: mini, 4 x 256)")
-    p.add_argument("--vocab-size", type=int, default=8192, help="tokenizer vocabulary trained on the sample")
+    p.add_argument("--preset", default="mini", help="model preset whose other settings are used")
+    p.add_argument("--n-layers", type=int, default=4, help="layers")
+    p.add_argument("--d-model", type=int, default=128, help="hidden size")
+    p.add_argument("--n-heads", type=int, default=4, help="attention heads")
+    p.add_argument("--ffn-dim", type=int, default=256, help="feed-forward width after gating (HF BERT gets 4 x d_model)")
+    p.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary trained on the sample")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--micro-batch", type=int, default=32, help="sequences per forward pass")
     p.add_argument("--batch-tokens", type=int, default=16384, help="target tokens per optimizer step")
@@ -133,7 +139,8 @@ def main():
         cfg = model.load_model(os.path.join(args.out, "ours", "final")).config
         print(f"Hugging Face BertForMaskedLM on the same {ours[-1][0]:,} tokens:")
         result["hf"] = run_hf(args, meta, cfg, [t for t, _, _ in ours])
-    print(f"\nmini-cram: {args.preset}, {args.minutes} min budget for ours, sample corpus, vocab {args.vocab_size}")
+    print(f"\nmini-cram: {args.n_layers} x {args.d_model}, {args.minutes} min budget for ours, sample corpus, "
+          f"vocab {args.vocab_size}")
     print(f"{'tokens':>12} | {'ours s':>7} {'ours loss':>9} | {'HF s':>7} {'HF loss':>8}")
     for i, (tokens, t, loss) in enumerate(ours):
         hf = result.get("hf", [])

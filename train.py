@@ -219,7 +219,7 @@ def save_checkpoint(path, net, optimizer, loader, state):
             "optimizer": optimizer.state_dict(), "loader": loader.state_dict(), "state": state,
             "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
-    model._atomic_write(path, lambda p: torch.save(ckpt, p))
+    data.atomic_write(path, lambda f: torch.save(ckpt, f))
 
 
 def load_checkpoint(path):
@@ -238,7 +238,7 @@ def save_final(out, net, meta):
     for name, src in (("tokenizer.json", meta["tokenizer"]), ("meta.json", os.path.join(meta["dir"], "meta.json"))):
         with open(src, "rb") as f:
             blob = f.read()
-        model._atomic_write(os.path.join(folder, name), lambda p: open(p, "wb").write(blob))
+        data.atomic_write(os.path.join(folder, name), lambda f: f.write(blob))
     return folder
 
 
@@ -339,8 +339,8 @@ def train(args):
         for stale in (log_path, os.path.join(args.out, "summary.json")):
             if os.path.exists(stale):
                 os.remove(stale)
-        with open(os.path.join(args.out, "args.json"), "w") as f:
-            json.dump(vars(args), f, indent=2)
+        data.atomic_write(os.path.join(args.out, "args.json"),
+                          lambda f: f.write(json.dumps(vars(args), indent=2).encode()))
 
     meta = prepare(args, device, rank, world)
     cfg = model_config(args, meta["n_vocab"])
@@ -380,8 +380,9 @@ def train(args):
     say(f"device {device} ({str(dtype).replace('torch.', '')}), {world} process(es); "
         f"{model.count_params(cfg) / 1e6:.1f} M parameters ({model.count_params(cfg, False) / 1e6:.1f} M without "
         f"embeddings), {flops_tok / 1e6:.0f} MFLOP per token")
-    say(f"global batch {target_accum * args.micro_batch * args.seq_len * world:,} tokens = {args.micro_batch} sequences x {args.seq_len} "
-        f"tokens x {world} rank(s) x {target_accum} accumulation steps (ramped over {args.batch_ramp:.0%} of the budget)")
+    say(f"global batch {target_accum * args.micro_batch * args.seq_len * world:,} tokens = {args.micro_batch} "
+        f"sequences x {args.seq_len} tokens x {world} rank(s) x {target_accum} accumulation steps "
+        f"(ramped over {args.batch_ramp:.0%} of the budget)")
     if peak and budget.seconds:
         say(f"the budget should buy ~{budget.seconds * peak * 0.4 / flops_tok / 1e9:.2f} B tokens at 40% MFU "
             f"(peak {peak / 1e12:.0f} TFLOP/s)")
@@ -481,8 +482,9 @@ def train(args):
             bar.write(f"measured {rate:,.0f} tokens/s: the budget should buy ~{rate * budget.seconds:,.0f} tokens")
             estimate_printed = True
         if state["step"] % args.log_every == 0:
-            record = {"kind": "train", "step": state["step"], "tokens": state["tokens"], "elapsed": round(budget.elapsed(), 3),
-                      "progress": round(p, 5), "loss": loss_value, "lr": lr, "batch_tokens": accum * tokens_per_micro,
+            record = {"kind": "train", "step": state["step"], "tokens": state["tokens"],
+                      "elapsed": round(budget.elapsed(), 3), "progress": round(p, 5), "loss": loss_value, "lr": lr,
+                      "batch_tokens": accum * tokens_per_micro,
                       "tokens_per_s": round(tok_s), "grad_norm": grad_norm.item() if grad_norm is not None else None}
             if peak:
                 record["mfu"] = round(tok_s * flops_tok / (peak * world), 4)
@@ -526,7 +528,8 @@ def train(args):
 
     val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
     final_cfg = model.unwrap(run_net).config
-    summary = {"status": status, "steps": state["step"], "tokens": state["tokens"], "elapsed_s": round(state["elapsed"], 2),
+    summary = {"status": status, "steps": state["step"], "tokens": state["tokens"],
+               "elapsed_s": round(state["elapsed"], 2),
                "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)), "final_val_loss": val,
                "params": model.count_params(final_cfg, embeddings=False), "params_total": model.count_params(final_cfg),
                "flops_per_token": model.flops_per_token(final_cfg, seq_len), "skipped_steps": state["skipped_steps"],
@@ -539,8 +542,8 @@ def train(args):
         state["elapsed"] = budget.elapsed()
         checkpoint()
         summary["final"] = save_final(args.out, run_net, meta)
-        model._atomic_write(os.path.join(args.out, "summary.json"),
-                            lambda p: open(p, "w").write(json.dumps(summary, indent=2)))
+        data.atomic_write(os.path.join(args.out, "summary.json"),
+                          lambda f: f.write(json.dumps(summary, indent=2).encode()))
         print("\n".join(f"{k:>16}: {v}" for k, v in summary.items()))
     return summary
 

@@ -65,6 +65,13 @@ def parse_args(argv=None):
     g.add_argument("--mask-rate", type=float, default=0.25, help="fraction of tokens masked for MLM (cramming: 0.25)")
     g.add_argument("--grow", default=None, help="growth schedule (grow.py), e.g. "
                    "'0:layers=4,hidden=384,seq=64; 0.25:layers=8,seq=128; 0.5:layers=16,hidden=768' or a preset name")
+    g.add_argument("--grow-optimizer", choices=["carry", "fresh"], default="carry",
+                   help="at growth, carry AdamW moments of old coordinates over, or start a fresh optimizer")
+    g.add_argument("--grow-moments", choices=["zero", "scaled"], default="zero",
+                   help="with carry: moments of copied coordinates start at zero or scaled from their source")
+    g.add_argument("--grow-noise", type=float, default=0.0, help="std of noise added to copied weights at growth")
+    g.add_argument("--grow-rewarm", type=float, default=0.0,
+                   help="after each growth, re-warm the learning rate linearly over this fraction of the budget")
     g = p.add_argument_group("optimization (defaults: cramming's recipe)")
     g.add_argument("--batch-tokens", type=int, default=8192 * 128,
                    help="target global batch in tokens, reached by gradient accumulation (cramming: 8192 x 128)")
@@ -356,7 +363,7 @@ def train(args):
     optimizer = make_optimizer(net, args, device)
     loader = data.make_loader(meta, "train", args.objective, seed=args.seed, rank=rank, world_size=world,
                               mask_rate=args.mask_rate, device=device)
-    state = {"step": 0, "tokens": 0, "elapsed": 0.0, "stage": 0, "next_eval": args.eval_every, "bad_steps": 0,
+    state = {"step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "stage": 0, "next_eval": args.eval_every, "bad_steps": 0,
              "skipped_steps": 0}
     if ckpt:
         net.load_state_dict(ckpt["model"])
@@ -370,8 +377,10 @@ def train(args):
     net.train()
     run_net = wrap(net, args, device, world)
 
-    # The target batch is fixed in sequences: a growth stage with shorter sequences uses fewer tokens per step.
-    target_accum = max(1, round(args.batch_tokens / (args.micro_batch * args.seq_len * world)))
+    def target_accumulation(seq_len):
+        """Micro-batches per step that make --batch-tokens; a growth stage with shorter sequences accumulates
+        more of them, so every optimizer step sees the same number of tokens."""
+        return max(1, round(args.batch_tokens / (args.micro_batch * seq_len * world)))
     seq_len = model.unwrap(run_net).config["max_seq_len"]
     flops_tok = model.flops_per_token(model.unwrap(run_net).config, seq_len)
     peak = gpu_peak_flops(device)
@@ -380,6 +389,7 @@ def train(args):
     say(f"device {device} ({str(dtype).replace('torch.', '')}), {world} process(es); "
         f"{model.count_params(cfg) / 1e6:.1f} M parameters ({model.count_params(cfg, False) / 1e6:.1f} M without "
         f"embeddings), {flops_tok / 1e6:.0f} MFLOP per token")
+    target_accum = target_accumulation(args.seq_len)
     say(f"global batch {target_accum * args.micro_batch * args.seq_len * world:,} tokens = {args.micro_batch} "
         f"sequences x {args.seq_len} tokens x {world} rank(s) x {target_accum} accumulation steps "
         f"(ramped over {args.batch_ramp:.0%} of the budget)")
@@ -417,30 +427,34 @@ def train(args):
             status = "preempted"
             break
 
-        # Growth stages (grow.py) start at the first step past their budget fraction.
+        # Growth stages (grow.py) start at the first step past their budget fraction. The held-out loss just
+        # before is measured at the old sequence length, the one after at the new one.
         if stages and state["stage"] + 1 < len(stages) and p >= stages[state["stage"] + 1]["at"]:
             import grow
             state["stage"] += 1
             plain = model.unwrap(run_net)
             loss_before = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
-            plain, optimizer, event = grow.apply_stage(plain, optimizer, stages[state["stage"]]["config"],
-                                                       lambda m: make_optimizer(m, args, device), seed=args.seed)
+            plain, optimizer, event = grow.apply_stage(
+                plain, optimizer, stages[state["stage"]], lambda m: make_optimizer(m, args, device),
+                noise=args.grow_noise, seed=args.seed, policy=args.grow_optimizer, new_moments=args.grow_moments)
             run_net = wrap(plain.to(device).train(), args, device, world)
             seq_len = plain.config["max_seq_len"]
             flops_tok = model.flops_per_token(plain.config, seq_len)
             loss_after = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
             event = {"kind": "grow", "step": state["step"], "tokens": state["tokens"], "elapsed": state["elapsed"],
-                     "progress": p, "params": model.count_params(plain.config), **event,
-                     "val_loss_before": loss_before, "val_loss_after": loss_after}
+                     "progress": p, **event, "val_loss_before": loss_before, "val_loss_after": loss_after}
             if rank == 0:
                 append_log(log_path, event)
                 bar.write(f"grow at {p:.1%}: {event}")
 
         # One optimizer step: accumulate gradients over micro-batches, skipping the all-reduce until the last.
         lr = args.lr * lr_multiplier(p, args.schedule, args.warmup)
+        if stages and state["stage"] > 0 and args.grow_rewarm > 0:
+            import grow
+            lr *= grow.rewarm_factor(p, stages[state["stage"]]["at"], args.grow_rewarm)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        accum = accumulation_steps(p, target_accum, args.batch_ramp)
+        accum = accumulation_steps(p, target_accumulation(seq_len), args.batch_ramp)
         loss_sum = torch.zeros((), device=device)
         for micro in range(accum):
             batch = loader.next_batch(args.micro_batch, seq_len)
@@ -472,6 +486,7 @@ def train(args):
         state["step"] += 1
         tokens_per_micro = args.micro_batch * seq_len * world
         state["tokens"] += accum * tokens_per_micro
+        state["flops"] += accum * tokens_per_micro * flops_tok
         bar.update(int(p * 1000) - bar.n)
 
         # Bookkeeping: log, estimate, evaluate, checkpoint.
@@ -484,7 +499,7 @@ def train(args):
         if state["step"] % args.log_every == 0:
             record = {"kind": "train", "step": state["step"], "tokens": state["tokens"],
                       "elapsed": round(budget.elapsed(), 3), "progress": round(p, 5), "loss": loss_value, "lr": lr,
-                      "batch_tokens": accum * tokens_per_micro,
+                      "batch_tokens": accum * tokens_per_micro, "flops": state["flops"],
                       "tokens_per_s": round(tok_s), "grad_norm": grad_norm.item() if grad_norm is not None else None}
             if peak:
                 record["mfu"] = round(tok_s * flops_tok / (peak * world), 4)
@@ -499,7 +514,8 @@ def train(args):
             val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
             if rank == 0:
                 append_log(log_path, {"kind": "eval", "step": state["step"], "tokens": state["tokens"],
-                                      "elapsed": round(budget.elapsed(), 3), "progress": round(p, 5), "val_loss": val})
+                                      "flops": state["flops"], "elapsed": round(budget.elapsed(), 3),
+                                      "progress": round(p, 5), "val_loss": val})
         if (args.checkpoint_steps and state["step"] % args.checkpoint_steps == 0) or \
                 now - last_ckpt_time > args.checkpoint_minutes * 60:
             state["elapsed"] = budget.elapsed()
@@ -529,7 +545,7 @@ def train(args):
     val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
     final_cfg = model.unwrap(run_net).config
     summary = {"status": status, "steps": state["step"], "tokens": state["tokens"],
-               "elapsed_s": round(state["elapsed"], 2),
+               "elapsed_s": round(state["elapsed"], 2), "flops": state["flops"],
                "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)), "final_val_loss": val,
                "params": model.count_params(final_cfg, embeddings=False), "params_total": model.count_params(final_cfg),
                "flops_per_token": model.flops_per_token(final_cfg, seq_len), "skipped_steps": state["skipped_steps"],
@@ -537,7 +553,7 @@ def train(args):
     if peak:
         summary["mfu"] = round(summary["tokens_per_s"] * summary["flops_per_token"] / (peak * world), 4)
     if rank == 0:
-        append_log(log_path, {"kind": "eval", "step": state["step"], "tokens": state["tokens"],
+        append_log(log_path, {"kind": "eval", "step": state["step"], "tokens": state["tokens"], "flops": state["flops"],
                               "elapsed": round(state["elapsed"], 3), "progress": 1.0, "val_loss": val})
         state["elapsed"] = budget.elapsed()
         checkpoint()

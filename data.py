@@ -47,8 +47,7 @@ import tiktoken
 import torch
 from tqdm import tqdm
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SAMPLE_CORPUS = os.path.join(HERE, "corpora", "shakespeare.jsonl.gz")
+SAMPLE_CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpora", "shakespeare.jsonl.gz")
 FINEWEB_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
 FINEWEB_TOKENS_PER_SHARD = 55e6  # ~250 M characters per shard at ~4.5 characters per token (32K BPE)
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
@@ -346,16 +345,12 @@ def load_tokenizer(path):
 # ----------------------------------------------------------------------------------------------------------
 # Token shards: SHARD_HEADER (32 bytes) then `count` little-endian uint16 or uint32 tokens
 
-def _open_shard(path):
-    f = open(path, "wb")
-    f.write(b"\0" * SHARD_HEADER.size)  # placeholder until the count is known
-    return f
-
-
-def _close_shard(f, count, itemsize):
-    f.seek(0)
-    f.write(SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, itemsize, count))
-    f.close()
+def _close_shard(sp, itemsize):
+    """Write the real header over the placeholder and close the split's open shard."""
+    sp["f"].seek(0)
+    sp["f"].write(SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, itemsize, sp["n"]))
+    sp["f"].close()
+    sp["f"] = None
 
 
 def write_shard(path, tokens, itemsize=2):
@@ -444,9 +439,10 @@ def _training_texts(files, clean_kwargs, max_chars):
     for path in files:
         for doc in iter_documents(path):
             text, _ = clean_text(doc, **clean_kwargs)
-            if not text.strip() or _digest(text) in seen:
+            digest = _digest(text)
+            if not text.strip() or digest in seen:
                 continue
-            seen.add(_digest(text))
+            seen.add(digest)
             yield text[:max_chars]
             max_chars -= len(text)
             if max_chars <= 0:
@@ -473,13 +469,11 @@ def prepare_data(data="sample", cache_dir="cache", vocab_size=32768, tokenizer="
     """Everything train.py needs, as a plain dict (also saved as <cache_dir>/<name>-<key>/meta.json).
 
     data: "sample" (bundled), "fineweb" (download fineweb_shards shards, or enough for max_tokens tokens,
-    default 1), or a file/folder path. tokenizer: "train" (rustbpe on the first tokenizer_chars characters),
-    "gpt2"/"cl100k_base" (stock tiktoken + our specials) or a tokenizer.json path. max_tokens_per_char:
-    drop documents above this ratio (cramming: 0.25; None = off). Every round(1/val_fraction)-th kept document
-    goes to the val split until it holds max_val_tokens. max_tokens only sizes the FineWeb download.
-    The result is cached under a key of all settings and the files' sizes and mtimes; a second call with the
-    same settings returns it ("reused": True).
-    The cache folder appears by one atomic rename, so a failed run leaves no partial shard or tokenizer."""
+    default 1; max_tokens sizes only the download), or a file/folder path. tokenizer: "train" (rustbpe on the
+    first tokenizer_chars characters), "gpt2"/"cl100k_base" (stock tiktoken + our specials) or a tokenizer.json
+    path. The val split stops growing at max_val_tokens. The result is cached under a key of all settings and
+    the files' sizes and mtimes: the same settings again return it ("reused": True). The folder appears by one
+    atomic rename, so a failed run leaves no partial shard or tokenizer."""
     name, files, identity = _resolve(data, cache_dir, fineweb_shards, max_tokens, fineweb_url, progress)
     clean_kwargs = dict(normalize=normalize, lowercase=lowercase, strip_accents=strip_accents)
     tok_id = tokenizer if tokenizer in ("train", "gpt2", "cl100k_base") else \
@@ -492,7 +486,6 @@ def prepare_data(data="sample", cache_dir="cache", vocab_size=32768, tokenizer="
     out = os.path.join(cache_dir, f"{name}-{key}")
     if os.path.exists(os.path.join(out, "meta.json")):
         return {**load_meta(out), "reused": True}
-    os.makedirs(cache_dir, exist_ok=True)
     tmp = f"{out}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -546,6 +539,7 @@ def _write_shards(tmp, files, sep, itemsize, settings, workers, progress):
     try:
         for digest, nbytes, removed, nchars, toks in tqdm(_encoded(files, workers, init_args), desc="tokenizing",
                                                           unit="doc", disable=not progress):
+            kept = nbytes - sum(removed.values())  # UTF-8 bytes left after cleaning
             report["documents_in"] += 1
             report["bytes_in"] += nbytes
             for step, n in removed.items():
@@ -556,28 +550,27 @@ def _write_shards(tmp, files, sep, itemsize, settings, workers, progress):
                 seen.add(digest)  # 8-byte digests: ~100 bytes of RAM per document
             if drop:
                 report["removed"][drop]["documents"] += 1
-                report["removed"][drop]["bytes"] += nbytes - sum(removed.values())
+                report["removed"][drop]["bytes"] += kept
                 continue
             to_val = val_every and report["documents_out"] % val_every == 0 and \
                 splits["val"]["tokens"] < settings["max_val_tokens"]
             split = "val" if to_val else "train"
             sp = splits[split]
             report["documents_out"] += 1
-            report["bytes_out"] += nbytes - sum(removed.values())
-            if sp["f"] is None:  # start a new shard file
+            report["bytes_out"] += kept
+            if sp["f"] is None:  # start a new shard file, header zeroed until the count is known
                 sp["files"].append(f"{split}_{len(sp['files']):05d}.bin")
-                sp["f"], sp["n"] = _open_shard(os.path.join(tmp, sp["files"][-1])), 0
+                sp["f"], sp["n"] = open(os.path.join(tmp, sp["files"][-1]), "wb"), 0
+                sp["f"].write(bytes(SHARD_HEADER.size))
             sp["f"].write(toks.astype(f"<u{itemsize}", copy=False).tobytes() + sep)
             sp["n"] += toks.size + 1
             sp["tokens"] += toks.size + 1
             sp["documents"] += 1
             if sp["n"] >= settings["shard_tokens"]:
-                _close_shard(sp["f"], sp["n"], itemsize)
-                sp["f"] = None
+                _close_shard(sp, itemsize)
         for sp in splits.values():
             if sp["f"] is not None:
-                _close_shard(sp["f"], sp["n"], itemsize)
-                sp["f"] = None
+                _close_shard(sp, itemsize)
     finally:  # on error: close what is open; prepare_data deletes the whole folder
         for sp in splits.values():
             if sp["f"] is not None:
@@ -630,10 +623,9 @@ class Loader:
     from `position`; rank r takes windows r*B .. r*B+B-1, and position advances past all of them. Hence ranks
     never overlap, and their batches concatenated in rank order equal the batch one rank would draw with
     batch size world_size * B, masks included. B and T may change from call to call.
-      MLM: window = T-2 stream tokens, input_ids = [CLS] window [SEP] (B, T). Exactly k = round(mask_rate*T)
-        positions per sequence, chosen uniformly among non-special tokens: label_positions (B, k) ascending
-        positions into T, labels (B, k) the original ids (-100 where a sequence has fewer than k maskable
-        tokens). Each chosen token becomes [MASK] (80%), a random ordinary token (10%) or stays (10%).
+      MLM: window = T-2 stream tokens, input_ids = [CLS] window [SEP] (B, T). k masked positions per sequence,
+        chosen uniformly among non-special tokens: label_positions (B, k) ascending positions into T, labels
+        (B, k) the original ids (-100 where a sequence has fewer than k maskable tokens).
       CLM: window = T+1 stream tokens (windows overlap by one), input_ids = window[:-1], labels = window[1:].
     The state holds the global position and seed; a run resumed with another world_size continues the same
     global stream. The stream is cut at block and epoch boundaries without a [SEP]; with 8192-token blocks that
@@ -653,9 +645,9 @@ class Loader:
             raise ValueError(f"no tokens in shards {shards}")
         self.n_ordinary, self.special, self.objective, self.seed = n_ordinary, special, objective, seed
         self.rank, self.world_size, self.mask_rate, self.device = rank, world_size, mask_rate, torch.device(device)
+        self.shuffle, self.block = shuffle, block_tokens
         # prefetch pays off on CUDA, where the main thread waits for the GPU; on CPU the thread only competes
         # for the GIL and the cores (bench/bench_data.py measures both)
-        self.shuffle, self.block = shuffle, block_tokens
         self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
         self.position, self.batches, self._perms, self._ahead, self._pool = 0, 0, {}, None, None
 
@@ -772,7 +764,8 @@ def main(argv=None):
     # Data
     p.add_argument("--data", default="sample", help="'sample' (bundled Shakespeare), 'fineweb' (download) or a "
                    "file/folder of .txt/.jsonl/.jsonl.gz/.parquet")
-    p.add_argument("--out", default="cache", help="cache folder; results land in OUT/<name>-<settings hash>/")
+    p.add_argument("--out", dest="cache_dir", metavar="OUT", default="cache",
+                   help="cache folder; results land in OUT/<name>-<settings hash>/")
     p.add_argument("--fineweb-shards", type=int, default=None,
                    help="FineWeb-Edu shards to download (~55 M tokens each; default: from --max-tokens, else 1)")
     p.add_argument("--max-tokens", type=float, default=None, help="token budget; picks --fineweb-shards (tokens)")
@@ -782,24 +775,18 @@ def main(argv=None):
     p.add_argument("--vocab-size", type=int, default=32768, help="vocabulary size (tokens, rounded up to x64)")
     p.add_argument("--tokenizer-chars", type=int, default=TOKENIZER_CHARS, help="corpus characters to train on")
     # Cleaning
-    p.add_argument("--normalize", default="NFC", help="Unicode normal form (NFC, NFKC, ...; 'none' = off)")
+    p.add_argument("--normalize", default="NFC", type=lambda s: None if s.lower() == "none" else s,
+                   help="Unicode normal form (NFC, NFKC, ...; 'none' = off)")
     p.add_argument("--lowercase", action="store_true", help="lowercase all text (cramming does)")
     p.add_argument("--strip-accents", action="store_true", help="drop combining accents (cramming does)")
-    p.add_argument("--no-dedup", action="store_true", help="keep exact duplicate documents")
+    p.add_argument("--no-dedup", dest="dedup", action="store_false", help="keep exact duplicate documents")
     p.add_argument("--max-tokens-per-char", type=float, default=None,
                    help="drop documents above this tokens/character ratio (cramming: 0.25; default off)")
     p.add_argument("--val-fraction", type=float, default=0.05, help="fraction of documents for validation")
     p.add_argument("--max-val-tokens", type=int, default=10_000_000, help="cap on validation tokens")
     p.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: CPUs - 1)")
-    args = p.parse_args(argv)
     try:
-        meta = prepare_data(args.data, args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
-                            normalize=None if args.normalize.lower() == "none" else args.normalize,
-                            lowercase=args.lowercase, strip_accents=args.strip_accents, dedup=not args.no_dedup,
-                            max_tokens_per_char=args.max_tokens_per_char, val_fraction=args.val_fraction,
-                            max_val_tokens=args.max_val_tokens, tokenizer_chars=args.tokenizer_chars,
-                            fineweb_shards=args.fineweb_shards, max_tokens=args.max_tokens,
-                            fineweb_url=args.fineweb_url, workers=args.workers)
+        meta = prepare_data(**vars(p.parse_args(argv)))  # each option's dest is a prepare_data parameter
     except ValueError as e:
         sys.exit(f"error: {e}")
     r = meta["report"]

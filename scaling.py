@@ -65,11 +65,10 @@ def peak_flops(gpu):
     torch.cuda.get_device_name gives it ("NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 2080 Ti"), or a number of
     FLOP/s such as "150e12" for hardware not in the table. Names match whole words ("A10G" is not an "A10")."""
     try:
-        value = float(gpu)
+        if float(gpu) >= 1e9:
+            return float(gpu)
     except (TypeError, ValueError):
-        value = None
-    if value is not None and value >= 1e9:
-        return value
+        pass
     words = re.findall(r"[a-z0-9]+", str(gpu).lower())
     for key in sorted(GPU_PEAK_FLOPS, key=lambda k: -len(k.replace("-", ""))):    # "h100-pcie" before "h100"
         if any("".join(words[i:j]) == key.replace("-", "") for i in range(len(words))
@@ -159,8 +158,7 @@ def _levenberg_marquardt(model, theta, w, delta, max_iter=1000, xtol=1e-10):
     r (S, n) and their Jacobian J (S, n, P). Huber is handled by iteratively reweighted least squares: outside
     |r| <= delta a point weighs delta/|r|, which makes the quadratic model an upper bound of the Huber loss, and a
     step is kept only if the true summed objective decreases. A start stops when its accepted step is below xtol
-    (relative), or when no damping gives a decrease (a minimum to machine precision), never on the objective value:
-    stopping on a small objective change is what cut Chinchilla's fit short (Besiroglu et al. 2024)."""
+    (relative), or when no damping gives a decrease, never on the objective value (what cut Chinchilla's fit short)."""
     theta = np.array(theta, float)
     S, P = theta.shape
     r, J = model(theta)
@@ -173,8 +171,7 @@ def _levenberg_marquardt(model, theta, w, delta, max_iter=1000, xtol=1e-10):
         if act.size == 0:
             break
         ra, Ja, wa = r[act], J[act], w[act]
-        absr = np.abs(ra)
-        irls = wa * np.where(absr <= delta, 1.0, delta / np.maximum(absr, delta))
+        irls = wa * (delta / np.maximum(np.abs(ra), delta))                         # 1 inside |r| <= delta
         grad = np.einsum("snp,sn->sp", Ja, wa * np.clip(ra, -delta, delta))        # (s, P), exact gradient
         H = np.swapaxes(Ja * irls[..., None], 1, 2) @ Ja                              # (s, P, P)
         diag = np.diagonal(H, axis1=1, axis2=2)
@@ -191,8 +188,7 @@ def _levenberg_marquardt(model, theta, w, delta, max_iter=1000, xtol=1e-10):
         iters[act] += 1
         small = np.max(np.abs(step), axis=1) <= xtol * (1.0 + np.max(np.abs(trial), axis=1))
         done[act[(ok & small) | (lam[act] > 1e16)]] = True
-    r, J = model(theta)
-    grad = np.einsum("snp,sn->sp", J, w * np.clip(r, -delta, delta))
+    grad = np.einsum("snp,sn->sp", J, w * np.clip(r, -delta, delta))               # r, J are kept at theta
     return {"theta": theta, "objective": f, "converged": done, "iterations": iters,
             "grad_norm": np.max(np.abs(grad), axis=1), "residuals": r}
 
@@ -241,16 +237,8 @@ def _projection_starts(X, y, grid, k=8):
     ok = np.flatnonzero(np.all(coef > 0, axis=1) & np.isfinite(sse))
     if ok.size == 0:                                                               # no positive solution: a guess
         return np.concatenate([np.zeros(m), [np.log(y.min()) - 0.1], np.full(m, 0.3)])[None]
-    picked = ok[_thin(ok[np.argsort(sse[ok], kind="stable")], S, k, 2 * (grid[1] - grid[0]) - 1e-12)]
+    picked = _thin(ok[np.argsort(sse[ok], kind="stable")], S, k, 2 * (grid[1] - grid[0]) - 1e-12)  # grid indices
     return np.concatenate([np.log(coef[picked]), S[picked]], axis=1)
-
-
-def _hoffmann_grid(x_ref, y_ref):
-    """Hoffmann et al.'s 4500 initialisations (App. D.2): alpha, beta in {0, 0.5, .., 2}, e in {-1, -.5, .., 1},
-    a, b in {0, 5, .., 25}, converted to centred units."""
-    a, b, e, al, be = (g.ravel() for g in np.meshgrid(np.arange(0, 26, 5.0), np.arange(0, 26, 5.0),
-                       np.arange(-1, 1.01, 0.5), np.arange(0, 2.01, 0.5), np.arange(0, 2.01, 0.5), indexing="ij"))
-    return np.stack([a - al * x_ref, b - be * y_ref, e, al, be], axis=1)
 
 
 def _multistart(model, starts, w, delta, keep=8):
@@ -285,24 +273,24 @@ def _to_params(theta, x_ref, y_ref):
     a, b, e, alpha, beta = theta
     params = {"E": math.exp(e), "A": math.exp(a + alpha * x_ref), "B": math.exp(b + beta * y_ref),
               "alpha": float(alpha), "beta": float(beta)}
-    opt = compute_optimal(1.0, params) if alpha > 0 and beta > 0 else {"a": float("nan"), "b": float("nan"),
-                                                                        "G": float("nan")}
+    opt = compute_optimal(1.0, params) if alpha > 0 and beta > 0 else {"a": math.nan, "b": math.nan, "G": math.nan}
     return {**params, "a": opt["a"], "b": opt["b"], "G": opt["G"]}
 
 
 def fit_chinchilla(points, delta=1e-3, init="projection"):
-    """Fit L(N, D) = E + A/N^alpha + B/D^beta to points [{"N", "D", "loss"}, ...] (Hoffmann et al. App. D.2).
-    init="projection" (fast, default) starts from the best variable-projection solutions; init="grid" from the
-    4500-point grid of the paper (slower, same answer). Returns unrounded constants, a = beta/(alpha+beta),
-    b, G, the summed Huber objective, convergence diagnostics and the log residuals' rms and max."""
+    """Fit the law to points [{"N", "D", "loss"}, ...] as the module docstring describes. init="projection" (fast,
+    default) starts from the best variable-projection solutions, init="grid" from the paper's 4500-point grid (slower,
+    same answer). Returns unrounded constants, a, b, G, the objective, convergence and log-residual diagnostics."""
     pts, N, D, L = _check_points(points, 5, "fit_chinchilla")
     x_ref, y_ref = np.log(N).mean(), np.log(D).mean()
     X = np.stack([np.log(N) - x_ref, np.log(D) - y_ref])
     model = _lse_model(X, np.log(L))
     if init == "projection":
         starts = _projection_starts(X, L, np.arange(0.05, 1.2001, 0.025))
-    elif init == "grid":
-        starts = _hoffmann_grid(x_ref, y_ref)
+    elif init == "grid":                  # Hoffmann et al.'s 4500 initialisations (App. D.2), in centred units
+        a, b, e, al, be = (g.ravel() for g in np.meshgrid(np.arange(0, 26, 5.0), np.arange(0, 26, 5.0),
+                           np.arange(-1, 1.01, 0.5), np.arange(0, 2.01, 0.5), np.arange(0, 2.01, 0.5), indexing="ij"))
+        starts = np.stack([a - al * x_ref, b - be * y_ref, e, al, be], axis=1)
     else:
         raise ValueError(f"init must be 'projection' or 'grid', got {init!r}")
     best = _multistart(model, starts, np.ones_like(L), delta)
@@ -325,8 +313,7 @@ def bootstrap(points, fit=None, n_boot=200, seed=0, level=0.95, delta=1e-3):
     x_ref, y_ref = fit["_ref"]
     model = _lse_model(np.stack([np.log(N) - x_ref, np.log(D) - y_ref]), np.log(L))
     keys = [str(p["run_id"]) if "run_id" in p else f"#point{i}" for i, p in enumerate(pts)]
-    groups = sorted(set(keys))
-    index = np.array([groups.index(k) for k in keys])
+    groups, index = np.unique(keys, return_inverse=True)
     rng = np.random.default_rng(seed)
     counts = rng.multinomial(len(groups), np.full(len(groups), 1.0 / len(groups)), size=n_boot)  # (n_boot, runs)
     out = _levenberg_marquardt(model, np.repeat(fit["_theta"][None], n_boot, 0), counts[:, index], delta)
@@ -427,8 +414,7 @@ def fit_isoflop(points, tol=0.25):
 # -----------------------------------------------------------------------------
 # Planning: a concrete shape for a target N, and the train.py command for it
 
-def suggest_shape(n_target, preset="base", count="non_embedding", aspect=64, head_dim=64, multiple_of=128,
-                  **overrides):
+def suggest_shape(n_target, preset="base", count="non_embedding", aspect=64, head_dim=64, multiple_of=128, **overrides):
     """The model.py config (preset + overrides) whose parameter count is closest to n_target, with d_model a
     multiple of 128 (GPU tiles; BigScience required hidden % 128 == 0), heads of 64, the preset's ffn_dim / d_model
     ratio (rounded to a multiple of 128) and the vocabulary padded to a multiple of 64 (model.padded_vocab_size).
@@ -498,8 +484,7 @@ def load_constants(fit_path=None, constants="epoch"):
             "source": f"own fit {fit_path} ({fit.get('n_points', '?')} points)"}
 
 
-def plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, preset="base", out=None, data=None, seq_len=None,
-         objective=None):
+def plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, preset="base", out=None, data=None, seq_len=None, objective=None):
     """Budget -> C -> compute-optimal N*, D* -> nearest shape -> tokens that shape gets in the budget at its real
     FLOPs per token (6N plus attention and the output layer, so usually a little fewer than D*) -> command."""
     params = params or load_constants()
@@ -508,14 +493,13 @@ def plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, preset="base", out=None, da
     overrides = {k: v for k, v in (("max_seq_len", seq_len), ("objective", objective)) if v}
     shape = suggest_shape(float(opt["N"]), preset, count=params["N_counts"], **overrides)
     tok = hours_to_tokens(hours, gpu, shape["flops_per_token"], n_gpus, mfu)
-    n_shape = shape["N"]
     out = out or f"runs/plan_{shape['n_layers']}x{shape['d_model']}"
     return {"hours": hours, "gpu": gpu, "n_gpus": n_gpus, "mfu": mfu, "peak_flops": peak_flops(gpu), "C": C,
             "constants": params.get("name"), "source": params.get("source"), "N_opt": float(opt["N"]),
             "D_opt": float(opt["D"]), "tokens_per_param": float(opt["tokens_per_param"]),
             "loss_opt": float(opt["loss"]), "shape": {k: v for k, v in shape.items() if k != "config"},
             "tokens": tok["tokens"], "tokens_per_sec": tok["tokens_per_sec"],
-            "loss_shape": float(predict_loss(n_shape, tok["tokens"], params)),
+            "loss_shape": float(predict_loss(shape["N"], tok["tokens"], params)),
             "command": train_command(shape, hours, tok["tokens"], out, data, seq_len, objective)}
 
 
@@ -670,7 +654,9 @@ def _si(x):
     return f"{x:.3g}"
 
 
-def _print_plan(p):
+def cmd_plan(args):
+    p = plan(args.hours, args.gpu, args.gpus, args.mfu, load_constants(args.fit, args.constants), args.model,
+             args.out, args.data, args.seq_len, args.objective)
     s = p["shape"]
     print(f"budget: {p['hours']:g} h x {p['n_gpus']} {p['gpu']} ({p['peak_flops'] / 1e12:g} TFLOP/s bf16 peak) "
           f"at {p['mfu']:.0%} MFU -> C = {p['C']:.3g} FLOPs")
@@ -689,13 +675,6 @@ def _print_plan(p):
     print(f"tokens in budget at this shape: {_si(p['tokens'])} ({_si(p['tokens_per_sec'])} tokens/s), "
           f"predicted loss {p['loss_shape']:.3f}")
     print(f"command:\n  {p['command']}")
-
-
-def cmd_plan(args):
-    params = load_constants(args.fit, args.constants)
-    p = plan(args.hours, args.gpu, args.gpus, args.mfu, params, args.model, args.out, args.data, args.seq_len,
-             args.objective)
-    _print_plan(p)
     if args.json:
         save_json(p, args.json)
 
@@ -708,9 +687,8 @@ def cmd_sweep(args):
           f"({args.gpus} {args.gpu} at {args.mfu:.0%} MFU); sizes centred on N* from constants {s['constants']}")
     print(f"{'C (FLOPs)':>10} {'N':>7} {'D':>7} {'D/N':>6} {'hours':>6}  shape")
     for r in s["runs"]:
-        sh = r["shape"]
         print(f"{r['C']:10.3g} {_si(r['N']):>7} {_si(r['D']):>7} {r['D'] / r['N']:6.1f} {r['hours']:6.3g}  "
-              f"{sh['n_layers']}x{sh['d_model']}")
+              f"{r['shape']['n_layers']}x{r['shape']['d_model']}")
     print("commands:")
     for r in s["runs"]:
         print(f"  {r['command']}")
@@ -750,10 +728,9 @@ def cmd_fit(args):
     if law:
         print(f"frontier L(C) = {law['E']:.4g} + {law['A']:.4g} C^-{law['k']:.4g} ({law['n_points']} points)")
     fit_out = {k: v for k, v in fit.items() if not k.startswith("_")}
-    blob = {"fit": {**fit_out, "N_counts": "non_embedding"}, "intervals": ci, "bootstrap": {
-        k: boot[k] for k in ("n_boot", "seed", "level", "n_runs", "converged_fraction")},
-        "isoflop": iso, "frontier_law": law, "allocation_at_10x_max_C": {"C": 10 * C_max, **band},
-        "sources": list(args.runs)}
+    boot_out = {k: boot[k] for k in ("n_boot", "seed", "level", "n_runs", "converged_fraction")}
+    blob = {"fit": {**fit_out, "N_counts": "non_embedding"}, "intervals": ci, "bootstrap": boot_out, "isoflop": iso,
+            "frontier_law": law, "allocation_at_10x_max_C": {"C": 10 * C_max, **band}, "sources": list(args.runs)}
     save_json(blob, args.out)
     png = plot_fit(points, fit, os.path.splitext(args.out)[0] + ".png")
     print(f"saved {args.out}" + (f" and {png}" if png else " (no plot: matplotlib is not installed)"))
@@ -781,14 +758,12 @@ def main(argv=None):
     budget.add_argument("--json", help="also write the plan as JSON to this path")
     p = sub.add_parser("plan", parents=[budget], help="N*, D*, a shape and the train.py command for a budget")
     p.add_argument("--out", help="train.py --out folder (default runs/plan_<layers>x<width>)")
-    p.set_defaults(func=cmd_plan)
     s = sub.add_parser("sweep", parents=[budget], help="train.py commands of an IsoFLOP sweep spending --hours")
     s.add_argument("--budgets", type=int, default=3, help="number of compute levels (3)")
     s.add_argument("--sizes", type=int, default=5, help="model sizes per compute level (5)")
     s.add_argument("--ratio", type=float, default=3.0, help="compute ratio between levels (3)")
     s.add_argument("--spread", type=float, default=3.0, help="sizes span N*/spread .. N*·spread (3)")
     s.add_argument("--out-dir", default="runs/sweep", help="parent folder of the runs' --out (runs/sweep)")
-    s.set_defaults(func=cmd_sweep)
     f = sub.add_parser("fit", help="fit L(N, D) to train.py runs (folders or log.jsonl) or CSV files")
     f.add_argument("runs", nargs="+", help="train.py output folders, their log.jsonl, or CSV (N, D or C, loss)")
     f.add_argument("--out", default="fit.json", help="where to save the fit (fit.json; plot beside it as .png)")
@@ -798,10 +773,9 @@ def main(argv=None):
     f.add_argument("--init", default="projection", choices=("projection", "grid"),
                    help="starting points: variable projection (fast) or Hoffmann et al.'s 4500-point grid")
     f.add_argument("--final-only", action="store_true", help="use only the last evaluation of each run")
-    f.set_defaults(func=cmd_fit)
     args = ap.parse_args(argv)
     try:
-        args.func(args)
+        {"plan": cmd_plan, "sweep": cmd_sweep, "fit": cmd_fit}[args.command](args)
     except ValueError as e:
         raise SystemExit(f"scaling.py {args.command}: {e}")
 

@@ -363,8 +363,8 @@ def train(args):
     optimizer = make_optimizer(net, args, device)
     loader = data.make_loader(meta, "train", args.objective, seed=args.seed, rank=rank, world_size=world,
                               mask_rate=args.mask_rate, device=device)
-    state = {"step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "stage": 0, "next_eval": args.eval_every, "bad_steps": 0,
-             "skipped_steps": 0}
+    state = {"step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "stage": 0, "next_eval": args.eval_every,
+             "bad_steps": 0, "skipped_steps": 0}
     if ckpt:
         net.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -381,14 +381,16 @@ def train(args):
         """Micro-batches per step that make --batch-tokens; a growth stage with shorter sequences accumulates
         more of them, so every optimizer step sees the same number of tokens."""
         return max(1, round(args.batch_tokens / (args.micro_batch * seq_len * world)))
-    seq_len = model.unwrap(run_net).config["max_seq_len"]
-    flops_tok = model.flops_per_token(model.unwrap(run_net).config, seq_len)
+    now_cfg = model.unwrap(run_net).config  # the current growth stage's model, or the whole model without growth
+    seq_len = now_cfg["max_seq_len"]
+    flops_tok = model.flops_per_token(now_cfg, seq_len)
     peak = gpu_peak_flops(device)
     budget = Budget(args, state["elapsed"])
-    say(json.dumps({"model": model.unwrap(run_net).config}, indent=None))
+    say(json.dumps({"model": now_cfg}, indent=None))
     say(f"device {device} ({str(dtype).replace('torch.', '')}), {world} process(es); "
-        f"{model.count_params(cfg) / 1e6:.1f} M parameters ({model.count_params(cfg, False) / 1e6:.1f} M without "
-        f"embeddings), {flops_tok / 1e6:.0f} MFLOP per token")
+        f"{model.count_params(now_cfg) / 1e6:.1f} M parameters ({model.count_params(now_cfg, False) / 1e6:.1f} M "
+        f"without embeddings), {flops_tok / 1e6:.0f} MFLOP per token"
+        + (f"; growing to {model.count_params(cfg) / 1e6:.1f} M in {len(stages) - 1} stage(s)" if stages else ""))
     target_accum = target_accumulation(args.seq_len)
     say(f"global batch {target_accum * args.micro_batch * args.seq_len * world:,} tokens = {args.micro_batch} "
         f"sequences x {args.seq_len} tokens x {world} rank(s) x {target_accum} accumulation steps "
@@ -572,7 +574,10 @@ def main(argv=None):
             with open(saved) as f:
                 args = argparse.Namespace(**{**json.load(f), "resume": True, "out": args.out})
     try:
-        return train(args)
+        result = train(args)
+        if dist.is_initialized():  # leave together: a rank tearing down gloo while rank 0 still saves aborts
+            dist.barrier()
+        return result
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

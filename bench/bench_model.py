@@ -4,9 +4,8 @@
     python bench/bench_model.py --preset mini --steps 20
 
 Both models get the same depth, width, heads, vocabulary and sequence length, the same batch of masked tokens
-(25% masking) and AdamW; one step is forward + backward + optimizer step. The two are measured in alternating
-rounds in one process, so a busy machine slows both alike, and the script prints the ratio of median
-tokens/s. On CUDA it also prints our model's MFU against the GPU's peak bf16 FLOP/s.
+(25% masking) and AdamW; one step is forward + backward + optimizer step. Steps of the two models alternate one by
+one in one process, so a busy machine slows both alike, and the script prints the ratio of median tokens/s. On CUDA it also prints our model's MFU against the GPU's peak bf16 FLOP/s.
 Needs `pip install transformers` (a benchmark-only dependency).
 """
 import argparse
@@ -55,32 +54,29 @@ def huggingface(cfg, device):
     return net, step
 
 
-def timed_steps(net, step, batch, n, device, dtype):
-    """Median seconds of n training steps (after 2 warm-up steps)."""
+def make_stepper(net, step, device, dtype):
+    """A function that runs one training step (forward, backward, AdamW) and returns its seconds."""
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=device.type == "cuda")
-    times = []
-    for i in range(n + 2):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def one_step(batch):
+        sync()
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             loss = step(batch)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    return times
+        sync()
+        return time.perf_counter() - t0
+    return one_step
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="base", help="model preset of model.py (default: base, the crammed BERT)")
     p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: 8 on CPU, 256 on CUDA)")
-    p.add_argument("--steps", type=int, default=6, help="timed steps per round (default: 6)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours / Hugging Face (default: 3)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps of each model, alternating (default: 20)")
     p.add_argument("--compile", action="store_true", help="torch.compile our model (CUDA)")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
     args = p.parse_args()
@@ -98,10 +94,13 @@ def main():
         compiled = torch.compile(net_a)
         step_a = lambda b: compiled(b["ids"], labels=b["labels"], label_positions=b["positions"])["loss"]  # noqa: E731
     net_b, step_b = huggingface(cfg, device)
+    run_a, run_b = make_stepper(net_a, step_a, device, dtype), make_stepper(net_b, step_b, device, dtype)
+    for _ in range(2):  # warm-up: allocator, kernels, compilation
+        run_a(batch), run_b(batch)
     t_ours, t_hf = [], []
-    for _ in range(args.rounds):
-        t_ours += timed_steps(net_a, step_a, batch, args.steps, device, dtype)
-        t_hf += timed_steps(net_b, step_b, batch, args.steps, device, dtype)
+    for _ in range(args.steps):  # alternate single steps, so load from other processes hits both alike
+        t_ours.append(run_a(batch))
+        t_hf.append(run_b(batch))
     tps_ours, tps_hf = tokens / statistics.median(t_ours), tokens / statistics.median(t_hf)
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -78,6 +78,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: 8 on CPU, 256 on CUDA)")
     p.add_argument("--steps", type=int, default=20, help="timed steps of each model, alternating (default: 20)")
     p.add_argument("--compile", action="store_true", help="torch.compile our model (CUDA)")
+    p.add_argument("--skip-hf", action="store_true", help="time only our model (no transformers needed), e.g. for MFU")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
     args = p.parse_args()
 
@@ -93,28 +94,37 @@ def main():
     if args.compile:
         compiled = torch.compile(net_a)
         step_a = lambda b: compiled(b["ids"], labels=b["labels"], label_positions=b["positions"])["loss"]  # noqa: E731
-    net_b, step_b = huggingface(cfg, device)
-    run_a, run_b = make_stepper(net_a, step_a, device, dtype), make_stepper(net_b, step_b, device, dtype)
+    run_a = make_stepper(net_a, step_a, device, dtype)
+    net_b = run_b = None
+    if not args.skip_hf:
+        net_b, step_b = huggingface(cfg, device)
+        run_b = make_stepper(net_b, step_b, device, dtype)
     for _ in range(2):  # warm-up: allocator, kernels, compilation
-        run_a(batch), run_b(batch)
+        run_a(batch), run_b and run_b(batch)
     t_ours, t_hf = [], []
     for _ in range(args.steps):  # alternate single steps, so load from other processes hits both alike
         t_ours.append(run_a(batch))
-        t_hf.append(run_b(batch))
-    tps_ours, tps_hf = tokens / statistics.median(t_ours), tokens / statistics.median(t_hf)
+        if run_b:
+            t_hf.append(run_b(batch))
+    tps_ours = tokens / statistics.median(t_ours)
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).replace("torch.", ""), "preset": args.preset, "batch_size": B, "seq_len": cfg["max_seq_len"],
-        "params_ours": model.count_params(cfg), "params_hf": sum(p.numel() for p in net_b.parameters()),
-        "tokens_per_s_ours": round(tps_ours), "tokens_per_s_hf": round(tps_hf), "speedup": round(tps_ours / tps_hf, 3),
+        "params_ours": model.count_params(cfg), "tokens_per_s_ours": round(tps_ours),
     }
+    if run_b:
+        tps_hf = tokens / statistics.median(t_hf)
+        result.update(params_hf=sum(p.numel() for p in net_b.parameters()), tokens_per_s_hf=round(tps_hf),
+                      speedup=round(tps_ours / tps_hf, 3))
     peak = gpu_peak_flops(device)
     if peak:
         result["mfu_ours"] = round(tps_ours * model.flops_per_token(cfg) / peak, 3)
     print(f"{result['device']} {result['dtype']}, preset {args.preset}, batch {B} x {cfg['max_seq_len']} tokens")
-    print(f"  ours            {tps_ours:10.0f} tokens/s  ({result['params_ours'] / 1e6:.1f} M params)")
-    print(f"  HF BertForMLM   {tps_hf:10.0f} tokens/s  ({result['params_hf'] / 1e6:.1f} M params)")
-    print(f"  ratio ours / HF {result['speedup']:.2f}x" + (f"   MFU ours {result['mfu_ours']:.1%}" if peak else ""))
+    print(f"  ours            {tps_ours:10.0f} tokens/s  ({result['params_ours'] / 1e6:.1f} M params)"
+          + (f"   MFU {result['mfu_ours']:.1%}" if peak else ""))
+    if run_b:
+        print(f"  HF BertForMLM   {result['tokens_per_s_hf']:10.0f} tokens/s  ({result['params_hf'] / 1e6:.1f} M params)")
+        print(f"  ratio ours / HF {result['speedup']:.2f}x")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

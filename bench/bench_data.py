@@ -135,7 +135,7 @@ def main():
     p.add_argument("--assumed-tflops", type=float, default=400.0,
                    help="achieved GPU throughput (TFLOP/s) for the estimated crammed-base step time")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
-    p.add_argument("--out", default="out/bench_data.json", help="JSON results file")
+    p.add_argument("--out", default="runs/bench_data.json", help="JSON results file")
     args = p.parse_args()
 
     docs = list(data.iter_documents(data.SAMPLE_CORPUS))

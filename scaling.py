@@ -568,7 +568,8 @@ def _read_run(path):
             raise ValueError(f"{log}:{i}: eval line needs numeric 'tokens' and a positive finite 'val_loss'")
         if D > 0:                                                   # an evaluation before training has no D
             points.append({"N": float(N), "D": float(D), "loss": float(loss), "run_id": folder,
-                           "C": float(fpt) * D if isinstance(fpt, (int, float)) and fpt > 0 else None})
+                           "C": float(fpt) * D if isinstance(fpt, (int, float)) and fpt > 0 else None,
+                           "comparable": info.get("comparable")})
     return points
 
 
@@ -603,6 +604,13 @@ def read_points(paths):
         points += _read_csv(path) if path.endswith(".csv") else _read_run(path)
     if not points:
         raise ValueError(f"no evaluation points found in {', '.join(paths)}")
+    # Losses of runs on different data, tokenizers, objectives or sequence lengths lie on different curves.
+    runs = {p["run_id"]: p["comparable"] for p in points if p.get("comparable")}
+    for key in sorted({k for c in runs.values() for k in c}):
+        values = {json.dumps(c.get(key)) for c in runs.values()}
+        if len(values) > 1:
+            raise ValueError(f"runs differ in {key} ({', '.join(sorted(values))}): their losses are not comparable; "
+                             "fit runs of one setting at a time")
     return points
 
 

@@ -551,7 +551,10 @@ def train(args):
                "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)), "final_val_loss": val,
                "params": model.count_params(final_cfg, embeddings=False), "params_total": model.count_params(final_cfg),
                "flops_per_token": model.flops_per_token(final_cfg, seq_len), "skipped_steps": state["skipped_steps"],
-               "world_size": world, "device": str(device), "dtype": str(dtype).replace("torch.", ""), "out": args.out}
+               "world_size": world, "device": str(device), "dtype": str(dtype).replace("torch.", ""), "out": args.out,
+               # what the held-out loss depends on besides N and D: scaling.py fits only runs that agree on these
+               "comparable": {"data": os.path.basename(meta["dir"]), "vocab_size": final_cfg["vocab_size"],
+                              "objective": args.objective, "seq_len": seq_len, "mask_rate": args.mask_rate}}
     if peak:
         summary["mfu"] = round(summary["tokens_per_s"] * summary["flops_per_token"] / (peak * world), 4)
     if rank == 0:

@@ -294,11 +294,12 @@ def test_sweep_spends_the_hours_on_budgets_ratio_apart():
 # -----------------------------------------------------------------------------
 # Reading runs and the command line
 
-def write_run(folder, N, evals, params=TRUE, fpt=None, extra_lines=()):
+def write_run(folder, N, evals, params=TRUE, fpt=None, extra_lines=(), comparable=None):
     """A train.py output folder: summary.json and log.jsonl with train lines and eval lines at `evals` tokens."""
     os.makedirs(folder)
     with open(os.path.join(folder, "summary.json"), "w") as f:
-        json.dump({"params": N, "params_total": N + 1000, "flops_per_token": fpt or 6.0 * N}, f)
+        json.dump({"params": N, "params_total": N + 1000, "flops_per_token": fpt or 6.0 * N,
+                   **({"comparable": comparable} if comparable else {})}, f)
     with open(os.path.join(folder, "log.jsonl"), "w") as f:
         for line in extra_lines:
             f.write(line + "\n")
@@ -388,3 +389,13 @@ def test_reader_refuses_runs_that_grew(tmp_path):
     write_run(run, 1e7, [1e8], extra_lines=['{"kind": "grow", "step": 10, "tokens": 5000}'])
     with pytest.raises(ValueError, match="grew"):
         scaling.read_points([run])
+
+
+def test_reader_refuses_runs_whose_losses_are_not_comparable(tmp_path):
+    setting = {"data": "sample-abc", "vocab_size": 8192, "objective": "mlm", "seq_len": 128, "mask_rate": 0.25}
+    write_run(str(tmp_path / "a"), 1e7, [1e8], comparable=setting)
+    write_run(str(tmp_path / "b"), 2e7, [1e8], comparable=setting)
+    write_run(str(tmp_path / "c"), 3e7, [1e8], comparable={**setting, "vocab_size": 512})
+    assert len(scaling.read_points([str(tmp_path / "a"), str(tmp_path / "b")])) == 2
+    with pytest.raises(ValueError, match=r"runs differ in vocab_size \(512, 8192\): their losses are not comparable"):
+        scaling.read_points([str(tmp_path / x) for x in "abc"])

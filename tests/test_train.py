@@ -81,6 +81,8 @@ def test_end_to_end_run_learns_and_writes_every_output(cache, tmp_path):
     assert len(evals) >= 10 and evals[-1] < evals[0] - 0.5      # held-out loss falls by > 0.5 nats
     assert summary["steps"] == 60 and summary["final_val_loss"] == evals[-1]
     assert json.load(open(tmp_path / "summary.json"))["steps"] == 60
+    assert summary["comparable"] == {"data": summary["comparable"]["data"], "vocab_size": 512, "objective": "mlm",
+                                     "seq_len": 32, "mask_rate": 0.25} and summary["comparable"]["data"].startswith("sample-")
     net = model.load_model(tmp_path / "final")
     assert net.config["n_layers"] == 2 and net.config["vocab_size"] == 512
     import data

@@ -110,7 +110,8 @@ def parse_args(argv=None):
 
 def check_args(parser, args):
     """One-line errors for flags that parse but make no sense."""
-    if not any(v is not None for v in (args.hours, args.minutes, args.max_steps, args.max_tokens)):
+    budget_given = any(v is not None for v in (args.hours, args.minutes, args.max_steps, args.max_tokens))
+    if not budget_given and not args.resume:  # a resumed run takes its budget from OUT/args.json
         parser.error("give a budget: --hours, --minutes, --max-steps or --max-tokens")
     for name in ("hours", "minutes", "max_steps", "max_tokens"):
         v = getattr(args, name)
@@ -576,6 +577,8 @@ def main(argv=None):
         if os.path.isfile(saved):
             with open(saved) as f:
                 args = argparse.Namespace(**{**json.load(f), "resume": True, "out": args.out})
+        elif not any(v is not None for v in (args.hours, args.minutes, args.max_steps, args.max_tokens)):
+            raise SystemExit(f"error: {saved} is missing; give the budget again (--hours, --max-steps, ...)")
     try:
         result = train(args)
         if dist.is_initialized():  # leave together: a rank tearing down gloo while rank 0 still saves aborts

@@ -200,3 +200,23 @@ def test_existing_run_is_not_overwritten_without_resume(cache, tmp_path):
     run(cache, tmp_path, "--max-steps", "2")
     with pytest.raises(SystemExit, match="checkpoint.pt exists; pass --resume"):
         run(cache, tmp_path, "--max-steps", "2")
+
+
+def test_run_killed_after_a_growth_stage_resumes_to_the_same_weights(cache, tmp_path):
+    flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50", "--eval-every", "0.25",
+             "--grow", "0:layers=1,ffn=64; 0.5:layers=2,ffn=128"]
+    run(cache, tmp_path / "straight", *flags)
+    proc = spawn(cache, tmp_path / "killed", *flags)
+    log, ckpt = tmp_path / "killed" / "log.jsonl", tmp_path / "killed" / "checkpoint.pt"
+    while proc.poll() is None and not (log.exists() and '"kind": "grow"' in log.read_text()):
+        time.sleep(0.01)
+    grown_at = ckpt.stat().st_mtime_ns if ckpt.exists() else 0
+    while proc.poll() is None and (not ckpt.exists() or ckpt.stat().st_mtime_ns == grown_at):
+        time.sleep(0.005)                  # the first checkpoint written after the growth
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    assert torch.load(ckpt, weights_only=False)["config"]["n_layers"] == 2
+    summary = run(cache, tmp_path / "killed", "--resume")
+    assert summary["steps"] == 300
+    a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -264,7 +264,7 @@ def evaluate(net, meta, args, seq_len, device, dtype, rank, world):
     """Mean held-out loss over the same --eval-batches batches every time (the val split read in order with a
     fixed seed), averaged over ranks."""
     loader = data.make_loader(meta, "val", args.objective, seed=1234, rank=rank, world_size=world,
-                              mask_rate=args.mask_rate, device=device)
+                              mask_rate=args.mask_rate, device=device, prefetch=False)  # a few batches, no thread
     plain = model.unwrap(net)
     was_training = plain.training
     plain.eval()

@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import data
+import grow
 import model
 
 # -----------------------------------------------------------------------------
@@ -108,10 +109,18 @@ def parse_args(argv=None):
     return args
 
 
+def budget_given(args):
+    return any(v is not None for v in (args.hours, args.minutes, args.max_steps, args.max_tokens))
+
+
+def budget_seconds(args):
+    """The wall-clock budget in seconds (--hours plus --minutes), or None when only steps or tokens bound the run."""
+    return ((args.hours or 0) * 3600 + (args.minutes or 0) * 60) or None
+
+
 def check_args(parser, args):
     """One-line errors for flags that parse but make no sense."""
-    budget_given = any(v is not None for v in (args.hours, args.minutes, args.max_steps, args.max_tokens))
-    if not budget_given and not args.resume:  # a resumed run takes its budget from OUT/args.json
+    if not budget_given(args) and not args.resume:  # a resumed run takes its budget from OUT/args.json
         parser.error("give a budget: --hours, --minutes, --max-steps or --max-tokens")
     for name in ("hours", "minutes", "max_steps", "max_tokens"):
         v = getattr(args, name)
@@ -289,7 +298,7 @@ def budget_tokens(args, device):
     if args.max_tokens:
         return int(args.max_tokens)
     cfg = model_config(args, args.vocab_size)
-    seconds = ((args.hours or 0) * 3600 + (args.minutes or 0) * 60) or None
+    seconds = budget_seconds(args)
     if args.max_steps and not seconds:
         return args.max_steps * args.batch_tokens
     peak = gpu_peak_flops(device)
@@ -319,8 +328,7 @@ class Budget:
     """Progress p in [0, 1]: the largest of elapsed/wall-clock budget, steps/max-steps, tokens/max-tokens."""
 
     def __init__(self, args, elapsed=0.0):
-        hours = (args.hours or 0) + (args.minutes or 0) / 60
-        self.seconds = hours * 3600 or None
+        self.seconds = budget_seconds(args)
         self.max_steps, self.max_tokens = args.max_steps, args.max_tokens
         self.start = time.time() - elapsed   # a resumed run continues the same clock
 
@@ -354,7 +362,6 @@ def train(args):
     cfg = model_config(args, meta["n_vocab"])
     stages = []
     if args.grow:
-        import grow
         try:
             stages = grow.parse_schedule(args.grow, cfg)
         except ValueError as e:
@@ -433,7 +440,6 @@ def train(args):
         # Growth stages (grow.py) start at the first step past their budget fraction. The held-out loss just
         # before is measured at the old sequence length, the one after at the new one.
         if stages and state["stage"] + 1 < len(stages) and p >= stages[state["stage"] + 1]["at"]:
-            import grow
             state["stage"] += 1
             plain = model.unwrap(run_net)
             loss_before = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
@@ -453,7 +459,6 @@ def train(args):
         # One optimizer step: accumulate gradients over micro-batches, skipping the all-reduce until the last.
         lr = args.lr * lr_multiplier(p, args.schedule, args.warmup)
         if stages and state["stage"] > 0 and args.grow_rewarm > 0:
-            import grow
             lr *= grow.rewarm_factor(p, stages[state["stage"]]["at"], args.grow_rewarm)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -577,7 +582,7 @@ def main(argv=None):
         if os.path.isfile(saved):
             with open(saved) as f:
                 args = argparse.Namespace(**{**json.load(f), "resume": True, "out": args.out})
-        elif not any(v is not None for v in (args.hours, args.minutes, args.max_steps, args.max_tokens)):
+        elif not budget_given(args):
             raise SystemExit(f"error: {saved} is missing; give the budget again (--hours, --max-steps, ...)")
     try:
         result = train(args)

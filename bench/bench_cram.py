@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
+from bench_model import hf_bert  # noqa: E402  (bench/ is on sys.path as the script's folder)
 
 
 def run_ours(args):
@@ -41,15 +42,6 @@ def run_ours(args):
         evals = [r for r in map(json.loads, f) if r["kind"] == "eval"]
     curve = [(r["tokens"], r["elapsed"], r["val_loss"]) for r in evals]
     return summary, [point for i, point in enumerate(curve) if i == 0 or point[0] > curve[i - 1][0]]
-
-
-def hf_bert(cfg):
-    from transformers import BertConfig, BertForMaskedLM
-    hf_cfg = BertConfig(vocab_size=model.padded_vocab_size(cfg), hidden_size=cfg["d_model"],
-                        num_hidden_layers=cfg["n_layers"], num_attention_heads=cfg["n_heads"],
-                        intermediate_size=4 * cfg["d_model"], max_position_embeddings=cfg["max_seq_len"])
-    hf_cfg._attn_implementation = "sdpa"
-    return BertForMaskedLM(hf_cfg)
 
 
 def dense_labels(batch):
@@ -74,7 +66,7 @@ def hf_eval(net, meta, args):
 def run_hf(args, meta, cfg, token_marks):
     """Train HF BERT on the same batch stream up to the last token mark, evaluating at every mark."""
     torch.manual_seed(args.seed)
-    net = hf_bert(cfg).train()
+    net = hf_bert(cfg, dropout=0.1).train()  # BERT's usual dropout
     loader = data.make_loader(meta, "train", "mlm", seed=args.seed, mask_rate=0.25)
     total_tokens = token_marks[-1]
     micro_tokens = args.micro_batch * args.seq_len

@@ -41,14 +41,20 @@ def ours(cfg, device):
     return net, step
 
 
-def huggingface(cfg, device):
+def hf_bert(cfg, dropout=0.0):
+    """Hugging Face BertForMaskedLM of our config's depth, width, heads, padded vocabulary and sequence length:
+    post-LN, learned positions, a 4 x d feed-forward, a dense MLM head, SDPA attention."""
     from transformers import BertConfig, BertForMaskedLM
     hf_cfg = BertConfig(vocab_size=model.padded_vocab_size(cfg), hidden_size=cfg["d_model"],
                         num_hidden_layers=cfg["n_layers"], num_attention_heads=cfg["n_heads"],
                         intermediate_size=4 * cfg["d_model"], max_position_embeddings=cfg["max_seq_len"],
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     hf_cfg._attn_implementation = "sdpa"
-    net = BertForMaskedLM(hf_cfg).to(device).train()
+    return BertForMaskedLM(hf_cfg)
+
+
+def huggingface(cfg, device):
+    net = hf_bert(cfg).to(device).train()  # dropout off, like ours: the throughput of the same work
     def step(b):
         return net(input_ids=b["ids"], labels=b["dense"]).loss
     return net, step

@@ -413,7 +413,7 @@ def train(args):
     inject = {int(s) for s in args.inject_nan.split(",") if s}
     bar = tqdm(total=1000, disable=rank != 0, unit="‰", desc="budget", dynamic_ncols=True)
     last_ckpt_time, last_log = time.time(), (time.time(), state["tokens"])
-    estimate_printed, t_started, tokens_started = bool(ckpt), time.time(), state["tokens"]
+    estimate_printed, first_step, t_started, tokens_started = bool(ckpt), state["step"] + 1, None, None
     status = "budget spent"
 
     def progress_now():
@@ -500,10 +500,15 @@ def train(args):
         # Bookkeeping: log, estimate, evaluate, checkpoint.
         now = time.time()
         tok_s = (state["tokens"] - last_log[1]) / max(now - last_log[0], 1e-9)
-        if not estimate_printed and state["step"] >= 10 and budget.seconds:
-            rate = (state["tokens"] - tokens_started) / (now - t_started)
-            bar.write(f"measured {rate:,.0f} tokens/s: the budget should buy ~{rate * budget.seconds:,.0f} tokens")
-            estimate_printed = True
+        if not estimate_printed and budget.seconds:
+            if state["step"] == first_step:  # the first step compiles and warms up: time the ten after it
+                t_started, tokens_started = now, state["tokens"]
+            elif state["step"] >= first_step + 10:
+                rate = (state["tokens"] - tokens_started) / (now - t_started)
+                left = max(budget.seconds - budget.elapsed(), 0.0)
+                bar.write(f"measured {rate:,.0f} tokens/s: the budget should buy ~{state['tokens'] + rate * left:,.0f}"
+                          " tokens in all")
+                estimate_printed = True
         if state["step"] % args.log_every == 0:
             record = {"kind": "train", "step": state["step"], "tokens": state["tokens"],
                       "elapsed": round(budget.elapsed(), 3), "progress": round(p, 5), "loss": loss_value, "lr": lr,

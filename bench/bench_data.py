@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
+import model  # noqa: E402
 
 
 def timed(fn, repeat=1):
@@ -68,16 +69,9 @@ def bench_tokenizers(docs, vocab_size, repeat):
 
 def build_step(n_vocab, seq_len, device):
     """(description, step(batch)) for one training step: fwd + bwd + AdamW."""
-    try:
-        import model
-        net = model.build_model(model.make_config("mini", vocab_size=n_vocab, max_seq_len=seq_len)).to(device)
-        desc = "model.py 'mini' (4 layers, d 256), sparse MLM"
-        forward = lambda b: net(b["input_ids"], labels=b["labels"], label_positions=b["label_positions"])["loss"]
-    except ImportError:  # model.py missing: a plain MLP of similar size stands in
-        net = torch.nn.Sequential(torch.nn.Embedding(n_vocab, 256), torch.nn.Linear(256, 1024), torch.nn.GELU(),
-                                  torch.nn.Linear(1024, 256)).to(device)
-        desc = "plain MLP stand-in (model.py not found)"
-        forward = lambda b: net(b["input_ids"]).square().mean()
+    net = model.build_model(model.make_config("mini", vocab_size=n_vocab, max_seq_len=seq_len)).to(device)
+    desc = "model.py 'mini' (4 layers, d 256), sparse MLM"
+    forward = lambda b: net(b["input_ids"], labels=b["labels"], label_positions=b["label_positions"])["loss"]  # noqa: E731
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
 
     def step(batch):
@@ -114,13 +108,9 @@ def bench_loader(meta, batch_size, seq_len, steps, device, assumed_tflops):
         loader = data.make_loader(meta, "train", "mlm", seed=0, prefetch=False)
         t_alone, _ = timed(lambda: [loader.next_batch(B, seq_len) for _ in range(20)], 3)
         row = {"batch_size": B, "loader_ms": 1e3 * t_alone / 20, "tokens_per_s": 20 * B * seq_len / t_alone}
-        try:
-            import model
-            flops = model.flops_per_token(model.make_config("base", vocab_size=meta["n_vocab"]), seq_len)
-            row["base_step_ms"] = 1e3 * flops * B * seq_len / (assumed_tflops * 1e12)
-            row["fraction_base_gpu_sync"] = row["loader_ms"] / row["base_step_ms"]
-        except ImportError:
-            pass
+        flops = model.flops_per_token(model.make_config("base", vocab_size=meta["n_vocab"]), seq_len)
+        row["base_step_ms"] = 1e3 * flops * B * seq_len / (assumed_tflops * 1e12)
+        row["fraction_base_gpu_sync"] = row["loader_ms"] / row["base_step_ms"]
         out["alone"].append(row)
     return out
 

@@ -116,6 +116,29 @@ def test_padding_mask_is_per_sequence():
     assert (both[1, :6] - net.encode(x[1:, :6])[0]).abs().max() < 1e-5
 
 
+# --- bf16 autocast: the GPU's mixed precision, checked on the CPU -------------------
+
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_bf16_autocast_gives_the_fp32_loss_and_finite_fp32_gradients(positions, objective):
+    """train.py runs the model under torch.autocast(bf16) on GPUs; CPU autocast takes the same code paths
+    (float masks cast to the query dtype, the loss computed in fp32, the weights and their gradients kept fp32)."""
+    net = seeded_model(tiny(positions=positions, objective=objective)).train()
+    x = tokens(B=2, T=12)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 9:] = 0                                                # one padded sequence
+    positions_ = torch.tensor([[1, 4, 7], [0, 3, 8]]) if objective == "mlm" else None
+    labels = x.gather(1, positions_) if objective == "mlm" else x
+    reference = net(x, attention_mask=mask, labels=labels, label_positions=positions_)["loss"].item()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(x, attention_mask=mask, labels=labels, label_positions=positions_)
+    assert out["logits"].dtype == torch.bfloat16 and out["loss"].dtype == torch.float32
+    assert abs(out["loss"].item() - reference) < 0.02 * reference  # bf16 keeps ~3 significant digits
+    out["loss"].backward()
+    for name, p in net.named_parameters():
+        assert p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), name
+
+
 # --- sparse MLM prediction ----------------------------------------------------------
 
 def test_sparse_mlm_loss_equals_dense_loss_on_masked_positions():

@@ -90,6 +90,18 @@ def test_end_to_end_run_learns_and_writes_every_output(cache, tmp_path):
     assert enc.decode(enc.encode_ordinary("To be, or not to be")) == "To be, or not to be"
 
 
+def test_bf16_autocast_and_torch_compile_train_like_fp32(cache, tmp_path):
+    """The GPU recipe (bf16 autocast, torch.compile) run on the CPU: same data, same seed, same final loss."""
+    flags = ("--max-steps", "30", "--lr", "3e-3")
+    fp32 = run(cache, tmp_path / "fp32", *flags, "--dtype", "fp32")
+    bf16 = run(cache, tmp_path / "bf16", *flags, "--dtype", "bf16")
+    compiled = run(cache, tmp_path / "compiled", *flags, "--dtype", "bf16", "--compile")
+    assert (fp32["dtype"], bf16["dtype"], compiled["dtype"]) == ("float32", "bfloat16", "bfloat16")
+    assert fp32["final_val_loss"] < 6.0                              # it learned (log 512 = 6.24 at the start)
+    assert abs(bf16["final_val_loss"] - fp32["final_val_loss"]) < 0.02
+    assert abs(compiled["final_val_loss"] - fp32["final_val_loss"]) < 0.02
+
+
 def test_log_records_lr_and_batch_ramp(cache, tmp_path):
     run(cache, tmp_path, "--max-steps", "20", "--batch-ramp", "0.5")
     steps = [r for r in read_log(tmp_path) if r["kind"] == "train"]

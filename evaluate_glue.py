@@ -598,7 +598,8 @@ def evaluate(checkpoint, glue_dir="glue_data", tasks=None, seeds=5, out=None, ep
                and (t != "WNLI" or include_wnli) for sub, key in spec["score"].items()}
     score, convention = glue_score(numbers, include_wnli)
     results.update(glue_score=score, glue_convention=convention, glue_numbers=numbers)
-    results["missing_submissions"] = {} if not out else {
+    ran_glue = any(t in TASKS for t in results["tasks"])  # a --task-file run alone makes no leaderboard files
+    results["missing_submissions"] = {} if not (out and ran_glue) else {
         sub: missing.get(sub, "its task was not run") for sub in SUBMISSION_FILES
         if f"{sub}.tsv" not in results["submission_files"]}
     table = markdown_table(results)

@@ -7,10 +7,12 @@
 # 3. bench_data.py on the GPU: the loader next to a training step, with pinned memory and prefetching
 #    (needs `tokenizers` for its tokenizer comparison);
 # 4. a 2-minute train.py run of the base model on the bundled sample with --compile (bf16, fused AdamW): the MFU of
-#    the whole loop (loader, logging, clipping) next to the benchmark's.
+#    the whole loop (loader, logging, clipping) next to the benchmark's;
+# 5. evaluate_glue.py fine-tuning that model on the GPU (bf16, padded batches) on a toy task of our own: which of
+#    two plays a line comes from (--task-file).
 # Each step runs even when an earlier one failed; the script exits non-zero if any did. Results land in RESULTS_DIR
-# as six small files (log.txt, three benchmark JSONs, train.py's summary and last step records); the caches and the
-# trained model stay in /tmp.
+# as seven small files (log.txt, three benchmark JSONs, train.py's summary and last step records, the fine-tuning
+# results); the caches and the trained model stay in /tmp.
 # Rehearse it on a CPU in about a minute (tiny model, fp32, seconds-long run):
 #   GPU_CHECK_REHEARSAL=1 bash bench/gpu_check.sh /tmp/rehearsal
 set -uo pipefail
@@ -21,10 +23,10 @@ export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 if [ "${GPU_CHECK_REHEARSAL:-0}" = 1 ]; then
     model=(--preset tiny --batch-size 8 --steps 3) data=(--device cpu --vocab-size 512 --repeat 1 --steps 2)
-    run=(--model tiny --vocab-size 512 --minutes 0.2 --micro-batch 8 --batch-tokens 1024)
+    run=(--model tiny --vocab-size 512 --minutes 0.2 --micro-batch 8 --batch-tokens 1024) lines=200
 else
     model=(--preset base --batch-size 256 --steps 20) data=(--device cuda --vocab-size 8192 --repeat 1 --batch-size 256)
-    run=(--model base --vocab-size 8192 --minutes 2 --micro-batch 256 --batch-tokens 262144)
+    run=(--model base --vocab-size 8192 --minutes 2 --micro-batch 256 --batch-tokens 262144) lines=2000
 fi
 failed=()
 log=$out/log.txt
@@ -44,6 +46,20 @@ step bench_data "$py" bench/bench_data.py "${data[@]}" --out "$out/bench_data.js
 rm -rf /tmp/gpu_check_run
 step train "$py" train.py --data sample "${run[@]}" --compile --cache /tmp/gpu_check_cache --out /tmp/gpu_check_run
 cp /tmp/gpu_check_run/summary.json "$out/train_summary.json" 2>/dev/null
-grep -h '"mfu"' /tmp/gpu_check_run/log.jsonl 2>/dev/null | tail -3 > "$out/train_last_steps.jsonl"
+grep -h '"kind": "train"' /tmp/gpu_check_run/log.jsonl 2>/dev/null | tail -3 > "$out/train_last_steps.jsonl"
+"$py" - "$lines" <<'EOF_TASK'  # the toy task: one line of verse per row, labelled with its play
+import gzip, json, sys
+n = int(sys.argv[1])
+plays = {d["title"]: d["text"] for d in map(json.loads, gzip.open("corpora/shakespeare.jsonl.gz", "rt"))}
+with open("/tmp/gpu_check_task.tsv", "w") as f:
+    f.write("sentence\tlabel\n")
+    for title in ("hamlet", "macbeth"):
+        lines = [ln.strip() for ln in plays[title].splitlines() if len(ln.strip()) > 30 and "\t" not in ln]
+        f.writelines(f"{ln}\t{title}\n" for ln in lines[:n])
+EOF_TASK
+rm -rf /tmp/gpu_check_glue
+step glue "$py" evaluate_glue.py --checkpoint /tmp/gpu_check_run/final --task-file /tmp/gpu_check_task.tsv \
+    --seeds 1 --epochs 2 --no-progress --out /tmp/gpu_check_glue
+cp /tmp/gpu_check_glue/results.json "$out/glue_results.json" 2>/dev/null
 echo "== failed steps: ${failed[*]:-none}" | tee -a "$log"
 [ ${#failed[@]} = 0 ]

@@ -345,9 +345,11 @@ def test_seeds_report_the_median_and_missing_ax_is_reported(tmp_path, glue_dir, 
 def test_task_file_end_to_end(tmp_path, checkpoint):
     path = str(tmp_path / "sentiment.tsv")
     tsv(path, ["sentence", "label"], [[sentence(i), ["neg", "pos"][i % 2]] for i in range(20)])
-    r = eg.evaluate(checkpoint, None, task_file=path, seeds=1, epochs=1, batch_size=4, progress=False)
+    r = eg.evaluate(checkpoint, None, task_file=path, seeds=1, epochs=1, batch_size=4, progress=False,
+                    out=str(tmp_path / "run"))
     assert set(r["tasks"]) == {"sentiment"} and set(r["tasks"]["sentiment"]["metrics"]) == {"accuracy", "mcc"}
     assert r["glue_score"] is None
+    assert r["missing_submissions"] == {}               # no GLUE task ran: no leaderboard files are missing
 
 # -----------------------------------------------------------------------------
 # Download against a local HTTP server

@@ -474,6 +474,9 @@ def train(args):
         if world > 1:  # one loss for all ranks, so all take the same skip-or-step decision
             dist.all_reduce(loss_sum)
             loss_sum /= world
+        # Clipping is queued before .item() waits for the GPU, so little is left to launch after the wait; a
+        # non-finite step discards the (clipped) gradients below anyway.
+        grad_norm = torch.nn.utils.clip_grad_norm_(run_net.parameters(), args.clip) if args.clip > 0 else None
         loss_value = loss_sum.item() / accum
         if state["step"] + state["skipped_steps"] + 1 in inject:  # counts attempted updates, skipped ones too
             loss_value = float("nan")
@@ -488,7 +491,6 @@ def train(args):
                 break
             continue
         state["bad_steps"] = 0
-        grad_norm = torch.nn.utils.clip_grad_norm_(run_net.parameters(), args.clip) if args.clip > 0 else None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state["step"] += 1

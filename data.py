@@ -296,14 +296,6 @@ def n_ordinary(enc):
     return min(enc.encode_single_token(s) for s in enc.special_tokens_set)
 
 
-def token_bytes(enc):
-    """(n_vocab,) int64 UTF-8 byte length of each ordinary token, 0 for specials (for bits-per-byte)."""
-    out = np.zeros(enc.n_vocab, dtype=np.int64)
-    for b in enc.token_byte_values():
-        out[enc.encode_single_token(b)] = len(b)
-    return out
-
-
 def save_tokenizer(enc, path):
     """Plain JSON (no pickle): format/version, name, split pattern, base64 tokens in rank order, specials."""
     ranks = {b: enc.encode_single_token(b) for b in enc.token_byte_values()}

@@ -209,12 +209,6 @@ def test_tokenizer_of_another_version_is_a_one_line_error_naming_the_file(enc, t
         data.load_tokenizer(path)
 
 
-def test_token_bytes_counts_utf8_bytes_and_zero_for_specials(enc):
-    nb = data.token_bytes(enc)
-    ids = enc.encode_ordinary("naïve café 日本")
-    assert nb[ids].sum() == len("naïve café 日本".encode()) and nb[data.n_ordinary(enc):].sum() == 0
-
-
 def test_stock_encoding_offline_is_a_one_line_error(tmp_path, monkeypatch):
     def no_network(url):
         raise ConnectionError(f"network disabled in tests: {url}")

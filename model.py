@@ -468,3 +468,114 @@ def load_model(folder, device="cpu"):
     model = build_model(cfg)
     model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
     return model.to(device)
+
+
+# -----------------------------------------------------------------------------
+# Using a trained model: fill in [MASK]s (encoder) or continue a prompt (decoder)
+
+def _ready(net, enc, objective, hint):
+    """The plain model in eval mode, after checking its objective and that enc fits its vocabulary."""
+    net = unwrap(net).eval()
+    if net.config["objective"] != objective:
+        raise ValueError(f"{hint}; this model's objective is {net.config['objective']!r}")
+    if enc.n_vocab > net.config["vocab_size"]:
+        raise ValueError(f"tokenizer has {enc.n_vocab} tokens, the model only {net.config['vocab_size']}: "
+                         f"not the tokenizer it was trained with")
+    # Ordinary (byte/merge) ids come first, specials after them (data.n_ordinary): scoring only ids below
+    # this leaves out [CLS] [SEP] [MASK] ..., the reserved ids and the padding rows of the embedding.
+    return net, min(enc.encode_single_token(s) for s in enc.special_tokens_set)
+
+
+@torch.no_grad()
+def fill_mask(net, enc, text, top_k=5):
+    """For each [MASK] in text, in order, the top_k guesses [(token string, probability), ...], probabilities
+    over ordinary tokens only. enc: the model's tiktoken Encoding (data.load_tokenizer). Puts net in eval mode."""
+    net, n_ordinary = _ready(net, enc, "mlm", "fill_mask needs a masked LM (generate is for causal ones)")
+    *before, last = text.split("[MASK]")
+    if not before:
+        raise ValueError(f"text {text!r} has no [MASK] to fill")
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    # The input looks like a pretraining sequence, [CLS] text [SEP] (data.Loader). A BPE word carries its
+    # leading space, so the space before a [MASK] belongs to the masked token, not to the text before it.
+    special = {s: enc.encode_single_token(s) for s in ("[CLS]", "[SEP]", "[MASK]")}
+    ids = [special["[CLS]"]]
+    for piece in before:
+        ids += enc.encode_ordinary(piece.removesuffix(" ")) + [special["[MASK]"]]
+    ids += enc.encode_ordinary(last) + [special["[SEP]"]]
+    if len(ids) > net.config["max_seq_len"]:
+        raise ValueError(f"text is {len(ids)} tokens with [CLS] and [SEP]; the model reads {net.config['max_seq_len']}")
+    device = net.tok_emb.weight.device
+    input_ids = torch.tensor([ids], device=device)                                       # (1, T)
+    positions = (input_ids == special["[MASK]"]).nonzero()[:, 1][None]                   # (1, k)
+    logits = net(input_ids, label_positions=positions)["logits"][0, :, :n_ordinary]      # (k, n_ordinary)
+    probs, top = logits.float().softmax(-1).topk(min(top_k, n_ordinary), dim=-1)         # (k, top_k) each
+    return [[(enc.decode([t]), p) for t, p in zip(row_ids, row_probs)]
+            for row_ids, row_probs in zip(top.tolist(), probs.tolist())]
+
+
+@torch.no_grad()
+def generate(net, enc, prompt, max_new_tokens=20, temperature=0.0, top_k=None, seed=0):
+    """The continuation of prompt by a causal model: greedy at temperature 0, else sampled from
+    softmax(logits / temperature), among the top_k most likely tokens if top_k is set. It stops early at
+    [SEP], the end of a document. Puts net in eval mode."""
+    net, n_ordinary = _ready(net, enc, "clm", "generate needs a causal LM (fill_mask is for masked ones)")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    device, sep = net.tok_emb.weight.device, enc.encode_single_token("[SEP]")
+    # In the training stream every document follows a [SEP], so the prompt starts as a document does.
+    ids = torch.tensor([[sep] + enc.encode_ordinary(prompt)], device=device)             # (1, T)
+    allowed = torch.zeros(net.tok_emb.weight.shape[0], dtype=torch.bool, device=device)  # (V,)
+    allowed[:n_ordinary] = allowed[sep] = True   # no [CLS], [MASK], reserved ids or padding rows
+    generator = torch.Generator(device=device).manual_seed(seed)
+    new = []
+    for _ in range(max_new_tokens):
+        context = ids[:, -net.config["max_seq_len"]:]                    # the longest input it was trained on
+        logits = net.logits(net.encode(context)[0, -1]).float()          # (V,) scores for the next token only
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        if temperature == 0:
+            next_id = logits.argmax()
+        else:
+            if top_k:
+                logits[logits < logits.topk(min(top_k, n_ordinary)).values[-1]] = float("-inf")
+            next_id = torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator)[0]
+        if next_id.item() == sep:
+            break
+        new.append(next_id.item())
+        ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
+    return enc.decode(new)
+
+
+def main(argv=None):
+    """python model.py CHECKPOINT "text with [MASK]": print the guesses per mask (masked LM) or the
+    continuation of the text (causal LM). CHECKPOINT is a folder like train.py's out/final."""
+    import argparse
+    import data  # here, not at the top: the model itself needs no tokenizer (and data.py's dependencies)
+    p = argparse.ArgumentParser(description="Fill in [MASK]s (masked LM) or continue a prompt (causal LM).")
+    p.add_argument("checkpoint", help="folder with config.json, model.pt and tokenizer.json (train.py's out/final)")
+    p.add_argument("text", help="text with one or more [MASK] (masked LM) or a prompt (causal LM)")
+    p.add_argument("--top-k", type=int, default=5, help="guesses per mask; causal LM: sample among the k most "
+                   "likely tokens (0 = all)")
+    p.add_argument("--max-new-tokens", type=int, default=20, help="tokens to generate (causal LM)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (causal LM; 0 = greedy)")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling (causal LM)")
+    args = p.parse_args(argv)
+    if not os.path.isdir(args.checkpoint):
+        raise SystemExit(f"error: {args.checkpoint}: no such checkpoint folder")
+    tokenizer_path = os.path.join(args.checkpoint, "tokenizer.json")
+    if not os.path.isfile(tokenizer_path):
+        raise SystemExit(f"error: {tokenizer_path}: missing; train.py saves it beside model.pt")
+    try:
+        net = load_model(args.checkpoint, "cuda" if torch.cuda.is_available() else "cpu")
+        enc = data.load_tokenizer(tokenizer_path)
+        if net.config["objective"] == "clm":
+            print(generate(net, enc, args.text, args.max_new_tokens, args.temperature, args.top_k or None, args.seed))
+            return
+        for i, guesses in enumerate(fill_mask(net, enc, args.text, args.top_k), start=1):
+            print(f"[MASK] {i}: " + " | ".join(f"{token!r} {prob:.2f}" for token, prob in guesses))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+if __name__ == "__main__":
+    main()

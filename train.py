@@ -49,20 +49,25 @@ def parse_args(argv=None):
     g.add_argument("--data", default="fineweb", help="'fineweb' (download FineWeb-Edu shards), 'sample' (bundled "
                    "Shakespeare) or a file/folder of .txt/.jsonl/.jsonl.gz/.parquet")
     g.add_argument("--cache", default="cache", help="folder for downloads, tokenizer and token shards")
-    g.add_argument("--vocab-size", type=int, default=32768, help="tokenizer vocabulary (cramming: 32768)")
+    g.add_argument("--vocab-size", type=int, default=None,
+                   help="tokenizer vocabulary (default: by model, 512 for tiny up to cramming's 32768 for base)")
     g.add_argument("--tokenizer", default="train", help="'train' (own BPE), 'gpt2', 'cl100k_base' or a tokenizer.json")
     g.add_argument("--lowercase", action="store_true", help="lowercase and strip accents before tokenizing")
     g.add_argument("--fineweb-shards", type=int, default=None,
                    help="FineWeb-Edu shards to download (default: as many as the budget should consume)")
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="base", help=f"preset of model.py: {', '.join(model.PRESETS)}")
+    g.add_argument("--model", default="auto", help=f"preset of model.py: {', '.join(model.PRESETS)}; auto: chosen "
+                   "from the device and the budget (cramming's base for a GPU day, tiny for CPU minutes)")
     g.add_argument("--objective", choices=["mlm", "clm"], default="mlm", help="masked LM encoder or causal LM decoder")
     for key in ("n_layers", "d_model", "n_heads", "ffn_dim"):
         g.add_argument("--" + key.replace("_", "-"), type=int, default=None, help=f"override the preset's {key}")
-    for key in ("positions", "norm", "norm_position", "ffn"):
+    g.add_argument("--positions", choices=model.CHOICES["positions"], default="rotary",
+                   help="position scheme (cramming: sinusoidal; rotary leaves the unigram plateau far sooner, "
+                   "see README: the recipe)")
+    for key in ("norm", "norm_position", "ffn"):
         g.add_argument("--" + key.replace("_", "-"), choices=model.CHOICES[key], default=None,
                        help=f"override the preset's {key}")
-    g.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (cramming: 128)")
+    g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's; cramming: 128)")
     g.add_argument("--mask-rate", type=float, default=0.25, help="fraction of tokens masked for MLM (cramming: 0.25)")
     g.add_argument("--grow", default=None, help="growth schedule (grow.py), e.g. "
                    "'0:layers=4,hidden=384,seq=64; 0.25:layers=8,seq=128; 0.5:layers=16,hidden=768' or a preset name")
@@ -74,12 +79,15 @@ def parse_args(argv=None):
     g.add_argument("--grow-rewarm", type=float, default=0.0,
                    help="after each growth, re-warm the learning rate linearly over this fraction of the budget")
     g = p.add_argument_group("optimization (defaults: cramming's recipe)")
-    g.add_argument("--batch-tokens", type=int, default=8192 * 128,
-                   help="target global batch in tokens, reached by gradient accumulation (cramming: 8192 x 128)")
-    g.add_argument("--micro-batch", type=int, default=128, help="sequences per forward pass on each device")
+    g.add_argument("--batch-tokens", type=int, default=None,
+                   help="target global batch in tokens, reached by gradient accumulation (default: chosen from the "
+                   "budget, at most cramming's 8192 x 128)")
+    g.add_argument("--micro-batch", type=int, default=None,
+                   help="sequences per forward pass on each device (default: 128 on a GPU, at most 32 elsewhere)")
     g.add_argument("--batch-ramp", type=float, default=0.6,
                    help="fraction of the budget over which the batch grows linearly to its target (0 = off)")
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate (default: cramming's 1e-3 at width 768, "
+                   "scaled as 1/d-model for narrower models)")
     g.add_argument("--schedule", choices=["triangle", "one-cycle", "linear", "cosine", "constant"], default="triangle",
                    help="learning-rate shape as a function of budget progress")
     g.add_argument("--warmup", type=float, default=0.06, help="warm-up fraction of the budget (linear, cosine)")
@@ -99,6 +107,8 @@ def parse_args(argv=None):
     g.add_argument("--eval-every", type=float, default=0.1, help="held-out evaluation every this fraction of the budget")
     g.add_argument("--eval-batches", type=int, default=20, help="held-out batches per evaluation")
     g.add_argument("--log-every", type=int, default=10, help="write a log line every N optimizer steps")
+    g.add_argument("--sample-text", default=None, help="text shown at every evaluation: its [MASK]s filled (mlm) or "
+                   "continued (clm); default: a line of Hamlet")
     g.add_argument("--checkpoint-minutes", type=float, default=30.0, help="save a resumable checkpoint every N minutes")
     g.add_argument("--checkpoint-steps", type=int, default=0, help="also save one every N optimizer steps (0 = off)")
     g.add_argument("--max-bad-steps", type=int, default=5,
@@ -126,12 +136,16 @@ def check_args(parser, args):
         v = getattr(args, name)
         if v is not None and not v > 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {v}")
-    if args.micro_batch < 1 or args.seq_len < 4 or args.batch_tokens < 1:
-        parser.error("--micro-batch must be >= 1, --seq-len >= 4 and --batch-tokens >= 1")
+    for name, low in (("micro_batch", 1), ("seq_len", 4), ("batch_tokens", 1), ("vocab_size", 1)):
+        v = getattr(args, name)
+        if v is not None and v < low:
+            parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {v}")
     if not 0 <= args.batch_ramp < 1 or not 0 <= args.warmup < 1 or not 0 < args.eval_every <= 1:
         parser.error("--batch-ramp and --warmup must be in [0, 1), --eval-every in (0, 1]")
-    if args.model not in model.PRESETS:
-        parser.error(f"--model must be one of {', '.join(model.PRESETS)}, got {args.model!r}")
+    if args.lr is not None and not args.lr > 0:
+        parser.error(f"--lr must be positive, got {args.lr}")
+    if args.model != "auto" and args.model not in model.PRESETS:
+        parser.error(f"--model must be auto or one of {', '.join(model.PRESETS)}, got {args.model!r}")
 
 
 def model_config(args, vocab_size):
@@ -140,6 +154,76 @@ def model_config(args, vocab_size):
                                                 "norm_position", "ffn") if getattr(args, k) is not None}
     return model.make_config(args.model, **overrides, vocab_size=vocab_size, max_seq_len=args.seq_len,
                              objective=args.objective, mask_rate=args.mask_rate, dropout=0.0)
+
+
+# -----------------------------------------------------------------------------
+# Defaults chosen from the device and the budget: what should this budget train? (BigScience's question)
+
+AUTO_PRESETS = ("tiny", "mini", "small", "base")  # "large" only when asked for: a GPU day buys cramming's base
+PRESET_VOCAB = {"tiny": 512, "mini": 8192, "small": 16384, "base": 32768, "large": 32768}
+CPU_FLOPS_PER_THREAD = 1e10  # training FLOP/s of one core on small models (fp32; measured 10-15 G on this project's CI)
+STEPS_WANTED = 2000  # on 2 CPU cores the plateau is left after ~300-500 steps: leave most of the budget after it
+CRAMMING_BATCH = 8192 * 128
+
+
+def sustained_flops(device, peak):
+    """Training FLOP/s to plan with: 40% of a known GPU's peak, else a conservative guess for the device."""
+    if peak:
+        return 0.4 * peak
+    if device.type == "cuda":
+        return 50e12  # an unknown GPU: about 40% of an A100's bf16 peak
+    return 5e12 if device.type == "mps" else CPU_FLOPS_PER_THREAD * torch.get_num_threads()
+
+
+def choose_defaults(args, flops_per_s, world, on_gpu):
+    """Values for --model, --vocab-size, --seq-len, --batch-tokens and --micro-batch left unset, and why.
+
+    Model: the preset (tiny ... base) whose parameter count is nearest in log scale to the compute-optimal N* of
+    the budget (scaling.compute_optimal, Besiroglu et al. 2024's constants: ~25 tokens per parameter). A GPU day
+    asks for more than base, and base is cramming's choice for that budget, so auto stops there. Batch: the
+    largest power of two that still gives the run ~STEPS_WANTED optimizer steps, capped at cramming's 8192 x 128."""
+    import scaling  # numpy only; the planner is not needed anywhere else in training
+    seconds, constants = budget_seconds(args), scaling.PUBLISHED["epoch"]
+    compute = seconds * flops_per_s * world if seconds else None
+    n_star, basis = None, "a step budget"
+    if compute:
+        n_star = float(scaling.compute_optimal(compute, constants)["N"])
+        basis = f"{seconds:,.0f} s x {flops_per_s * world / 1e9:,.0f} GFLOP/s = {compute:.1e} FLOPs"
+    elif args.max_tokens:  # invert D*(N): tokens_for_params grows as N^(b/a)
+        opt = scaling.compute_optimal(1.0, constants)
+        n_star = float((args.max_tokens / scaling.tokens_for_params(1.0, constants)) ** (opt["a"] / opt["b"]))
+        basis = f"{args.max_tokens:,.0f} tokens"
+    chosen = {}
+    if args.model == "auto":
+        def total_params(name):
+            return model.count_params(model.make_config(name, vocab_size=PRESET_VOCAB[name]))
+        chosen["model"] = (min(AUTO_PRESETS, key=lambda n: abs(math.log(total_params(n) / n_star))) if n_star
+                           else "base" if on_gpu else "tiny")
+    name = chosen.get("model", args.model)
+    if args.vocab_size is None:
+        chosen["vocab_size"] = PRESET_VOCAB[name]
+    if args.seq_len is None:
+        chosen["seq_len"] = model.make_config(name)["max_seq_len"]
+    resolved = argparse.Namespace(**{**vars(args), **chosen})
+    seq, tokens = resolved.seq_len, None
+    if args.batch_tokens is None:
+        cfg = model_config(resolved, resolved.vocab_size)
+        estimates = [compute / model.flops_per_token(cfg, seq) if compute else None, args.max_tokens]
+        tokens = min([t for t in estimates if t], default=None)
+        batch = (2 ** int(math.log2(max(1.0, tokens / STEPS_WANTED))) if tokens
+                 else CRAMMING_BATCH if on_gpu else 16 * seq)
+        chosen["batch_tokens"] = int(min(CRAMMING_BATCH, max(seq * world, batch)))
+    if args.micro_batch is None:
+        batch_tokens = chosen.get("batch_tokens", args.batch_tokens)
+        chosen["micro_batch"] = max(1, min(128 if on_gpu else 32, batch_tokens // (seq * world)))
+    if args.lr is None:  # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: README
+        chosen["lr"] = round(1e-3 * 768 / model_config(resolved, resolved.vocab_size)["d_model"], 6)
+    words = [f"{k.replace('_', '-')} {v:,}" if isinstance(v, int) else f"{k.replace('_', '-')} {v:g}"
+             if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items()]
+    why = (f"for {basis}" + (f" (compute-optimal N* = {n_star / 1e6:.2g} M params)" if n_star else "")
+           + (f", ~{tokens / chosen['batch_tokens']:,.0f} steps of the ~{tokens:,.0f} tokens it should buy"
+              if tokens else ""))
+    return chosen, (f"chose {', '.join(words)} {why}" if chosen else "")
 
 
 # -----------------------------------------------------------------------------
@@ -264,6 +348,53 @@ def append_log(path, record):
         f.write(json.dumps(record) + "\n")
 
 
+SAMPLE_TEXT = {"mlm": "To be, or not to [MASK], that is the [MASK].", "clm": "To be, or not to be, that is"}
+
+
+def show_samples(net, enc, args):
+    """One line of what the model makes of a fixed text: top-3 guesses per [MASK] (mlm) or a greedy continuation
+    (clm). Watching ' be' climb to the top is the quickest sign that a run learns more than word frequencies."""
+    text = args.sample_text or SAMPLE_TEXT[args.objective]
+    text = text.lower() if args.lowercase else text
+    was_training = net.training
+    try:
+        if args.objective == "clm":
+            return f"sample: {text!r} -> {model.generate(net, enc, text, max_new_tokens=12)!r}"
+        guesses = model.fill_mask(net, enc, text, top_k=3)
+        return "sample: " + " | ".join(f"[MASK] {i + 1}: " + ", ".join(f"{t.strip() or repr(t)} {p:.2f}" for t, p in g)
+                                       for i, g in enumerate(guesses))
+    except ValueError as e:  # e.g. the text is longer than a short-sequence growth stage
+        return f"sample: skipped ({e})"
+    finally:
+        net.train(was_training)
+
+
+def save_loss_plot(log_path, png_path):
+    """loss.png: training and held-out loss against time, when matplotlib is installed (optional)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    with open(log_path) as f:
+        records = [json.loads(line) for line in f]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for kind, key, label in (("train", "loss", "training loss"), ("eval", "val_loss", "held-out loss")):
+        points = [(r["elapsed"], r[key]) for r in records if r["kind"] == kind and math.isfinite(r[key])]
+        if points:
+            ax.plot(*zip(*points), marker="o" if kind == "eval" else None, label=label)
+    for r in records:
+        if r["kind"] == "grow":
+            ax.axvline(r["elapsed"], color="grey", linestyle=":", linewidth=1)
+    ax.set(xlabel="seconds", ylabel="loss (nats per predicted token)", title=os.path.dirname(log_path))
+    ax.legend()
+    fig.tight_layout()
+    data.atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
+    plt.close(fig)
+    return png_path
+
+
 # -----------------------------------------------------------------------------
 # Evaluation
 
@@ -335,6 +466,17 @@ class Budget:
     def elapsed(self):
         return time.time() - self.start
 
+    def left(self, step, tokens, elapsed):
+        """What is left of the budget that ends first, in its own unit: '1.5 min', '3,072 tokens', '12 steps'."""
+        parts = {}
+        if self.seconds:
+            parts[elapsed / self.seconds] = f"{max(0.0, self.seconds - elapsed) / 60:.1f} min"
+        if self.max_steps:
+            parts[step / self.max_steps] = f"{max(0, self.max_steps - step):,} steps"
+        if self.max_tokens:
+            parts[tokens / self.max_tokens] = f"{max(0, int(self.max_tokens - tokens)):,} tokens"
+        return parts[max(parts)]
+
     def progress(self, step, tokens, elapsed):
         parts = [elapsed / self.seconds if self.seconds else 0.0,
                  step / self.max_steps if self.max_steps else 0.0,
@@ -346,6 +488,10 @@ def train(args):
     device, rank, world = setup_device(args.device)
     dtype = autocast_dtype(args.dtype, device)
     say = print if rank == 0 else (lambda *a, **k: None)
+    chosen, why = choose_defaults(args, sustained_flops(device, gpu_peak_flops(device)), world, device.type == "cuda")
+    vars(args).update(chosen)  # resolved before args.json is written, so --resume reuses the same choice
+    if why:
+        say(f"defaults: {why} (flags given on the command line always win)")
     os.makedirs(args.out, exist_ok=True)
     ckpt_path, log_path = os.path.join(args.out, "checkpoint.pt"), os.path.join(args.out, "log.jsonl")
     ckpt = load_checkpoint(ckpt_path) if args.resume else None
@@ -359,6 +505,7 @@ def train(args):
                           lambda f: f.write(json.dumps(vars(args), indent=2).encode()))
 
     meta = prepare(args, device, rank, world)
+    enc = data.load_tokenizer(meta["tokenizer"])  # only to show samples
     cfg = model_config(args, meta["n_vocab"])
     stages = []
     if args.grow:
@@ -407,11 +554,13 @@ def train(args):
         say(f"the budget should buy ~{budget.seconds * peak * 0.4 / flops_tok / 1e9:.2f} B tokens at 40% MFU "
             f"(peak {peak / 1e12:.0f} TFLOP/s)")
 
-    stop_signal = []  # SIGTERM/SIGINT (preemption, Ctrl-C) only set a flag: the step finishes, then we save
+    stop_signal = []  # SIGTERM/SIGINT (preemption, Ctrl-C) only set a flag: the current micro-batch finishes,
+    # the step is applied with what it has, then we save
     previous_handlers = {sig: signal.signal(sig, lambda s, f: stop_signal.append(s))
                          for sig in (signal.SIGTERM, signal.SIGINT)}
     inject = {int(s) for s in args.inject_nan.split(",") if s}
-    bar = tqdm(total=1000, disable=rank != 0, unit="‰", desc="budget", dynamic_ncols=True)
+    bar = tqdm(total=100, disable=rank != 0, unit="%", desc="budget", dynamic_ncols=True,
+               bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
     last_ckpt_time, last_log = time.time(), (time.time(), state["tokens"])
     estimate_printed, first_step, t_started, tokens_started = bool(ckpt), state["step"] + 1, None, None
     status = "budget spent"
@@ -424,6 +573,16 @@ def train(args):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             elapsed, stop = t.tolist()
         return budget.progress(state["step"], state["tokens"], elapsed), elapsed, stop > 0
+
+    def stop_is_near(micro_seconds):
+        """True when one more micro-batch would end past the wall-clock deadline, or a stop signal came; the
+        same answer on every rank, since all ranks must cut the step at the same micro-batch."""
+        late = bool(budget.seconds) and budget.elapsed() + micro_seconds > budget.seconds
+        if world == 1:
+            return late or bool(stop_signal)
+        flags = torch.tensor([float(late), float(bool(stop_signal))], dtype=torch.float64, device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags.max() > 0)
 
     def checkpoint():
         if rank == 0:
@@ -463,14 +622,27 @@ def train(args):
         for group in optimizer.param_groups:
             group["lr"] = lr
         accum = accumulation_steps(p, target_accumulation(seq_len), args.batch_ramp)
-        loss_sum = torch.zeros((), device=device)
+        loss_sum, done = torch.zeros((), device=device), 0
         for micro in range(accum):
+            # The hard budget: before every micro-batch after the first, the clock and the stop signal are read.
+            # The micro-batch that would end past the deadline becomes the step's last, so the run ends at most
+            # one micro-batch late even when a step takes minutes, and a preempted run stops within seconds.
+            last = micro == accum - 1 or (micro > 0 and stop_is_near(time.time() - micro_started))
+            micro_started = time.time()
             batch = loader.next_batch(args.micro_batch, seq_len)
-            sync = nullcontext() if world == 1 or micro == accum - 1 else run_net.no_sync()
+            sync = nullcontext() if world == 1 or last else run_net.no_sync()  # all-reduce once, on the last
             with sync, torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                 loss = run_net(**batch)["loss"]
                 (loss / accum).backward()
             loss_sum += loss.detach().float()
+            done += 1
+            if last:
+                break
+        if done < accum:  # a step cut short: the summed gradient becomes the mean over the micro-batches it has
+            for param in run_net.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(accum / done)
+        loss_sum /= done / accum  # loss_value below divides by accum
         if world > 1:  # one loss for all ranks, so all take the same skip-or-step decision
             dist.all_reduce(loss_sum)
             loss_sum /= world
@@ -495,9 +667,9 @@ def train(args):
         optimizer.zero_grad(set_to_none=True)
         state["step"] += 1
         tokens_per_micro = args.micro_batch * seq_len * world
-        state["tokens"] += accum * tokens_per_micro
-        state["flops"] += accum * tokens_per_micro * flops_tok
-        bar.update(int(p * 1000) - bar.n)
+        state["tokens"] += done * tokens_per_micro
+        state["flops"] += done * tokens_per_micro * flops_tok
+        bar.update(round(100 * p, 1) - bar.n)
 
         # Bookkeeping: log, estimate, evaluate, checkpoint.
         now = time.time()
@@ -514,16 +686,15 @@ def train(args):
         if state["step"] % args.log_every == 0:
             record = {"kind": "train", "step": state["step"], "tokens": state["tokens"],
                       "elapsed": round(budget.elapsed(), 3), "progress": round(p, 5), "loss": loss_value, "lr": lr,
-                      "batch_tokens": accum * tokens_per_micro, "flops": state["flops"],
+                      "batch_tokens": done * tokens_per_micro, "flops": state["flops"],
                       "tokens_per_s": round(tok_s), "grad_norm": grad_norm.item() if grad_norm is not None else None}
             if peak:
                 record["mfu"] = round(tok_s * flops_tok / (peak * world), 4)
             if rank == 0:
                 append_log(log_path, record)
             last_log = (now, state["tokens"])
-            left = budget.seconds - budget.elapsed() if budget.seconds else float("nan")
-            bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}",
-                            left=f"{left / 60:.1f}min" if budget.seconds else "-")
+            bar.set_postfix_str(f"loss {loss_value:.3f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s, "
+                                f"{budget.left(state['step'], state['tokens'], budget.elapsed())} left")
         if p >= state["next_eval"]:
             state["next_eval"] += args.eval_every
             val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
@@ -531,6 +702,7 @@ def train(args):
                 append_log(log_path, {"kind": "eval", "step": state["step"], "tokens": state["tokens"],
                                       "flops": state["flops"], "elapsed": round(budget.elapsed(), 3),
                                       "progress": round(p, 5), "val_loss": val})
+                bar.write(f"{p:4.0%} held-out loss {val:.3f}; {show_samples(model.unwrap(run_net), enc, args)}")
         if (args.checkpoint_steps and state["step"] % args.checkpoint_steps == 0) or \
                 now - last_ckpt_time > args.checkpoint_minutes * 60:
             state["elapsed"] = budget.elapsed()
@@ -559,7 +731,8 @@ def train(args):
 
     val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
     final_cfg = model.unwrap(run_net).config
-    summary = {"status": status, "steps": state["step"], "tokens": state["tokens"],
+    summary = {"status": status, "steps": state["step"], "tokens": state["tokens"], "model": args.model,
+               "batch_tokens": args.batch_tokens,
                "elapsed_s": round(state["elapsed"], 2), "flops": state["flops"],
                "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)), "final_val_loss": val,
                "params": model.count_params(final_cfg, embeddings=False), "params_total": model.count_params(final_cfg),
@@ -576,6 +749,8 @@ def train(args):
         state["elapsed"] = budget.elapsed()
         checkpoint()
         summary["final"] = save_final(args.out, run_net, meta)
+        summary["plot"] = save_loss_plot(log_path, os.path.join(args.out, "loss.png"))
+        print(show_samples(model.unwrap(run_net), enc, args))
         data.atomic_write(os.path.join(args.out, "summary.json"),
                           lambda f: f.write(json.dumps(summary, indent=2).encode()))
         print("\n".join(f"{k:>16}: {v}" for k, v in summary.items()))

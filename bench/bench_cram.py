@@ -1,47 +1,153 @@
-"""Mini-cram: a fixed wall-clock budget on the bundled sample corpus, and the same tokens through Hugging Face BERT.
+"""Mini-cram, side by side: our recipe (train.py) against Hugging Face BERT with a tuned learning rate, each given
+the same wall clock on the same data.
 
-    python bench/bench_cram.py                     # 5 CPU minutes, a 4 x 128 model, vocab 4096
-    python bench/bench_cram.py --minutes 2 --out runs/mini_cram
+    python bench/bench_cram.py                                   # sample corpus, 4 x 256, 3 CPU minutes per run
+    python bench/bench_cram.py --minutes 10 --seeds 3 --out runs/bench_cram
+    python bench/bench_cram.py --data corpus.jsonl --ours-flags "--lr 2e-3 --schedule one-cycle"
+    python bench/bench_cram.py --analyze-only --out runs/bench_cram          # re-print results.json, redraw curves
+    python bench/bench_cram.py --minutes 0.15 --vocab-size 512 --n-layers 2 --d-model 64 --ffn-dim 256 \
+        --seq-len 64 --micro-batch 8 --batch-tokens 1024 --eval-batches 4 --hf-lrs 1e-3,3e-3 --threads 1 \
+        --no-downstream --out runs/bench_smoke                       # a smoke run: ~35 s on a busy 2-core CPU
 
-1. train.py runs our recipe (crammed-BERT block, sparse MLM, budget triangle, batch ramp) for --minutes of wall
-   clock and logs the held-out MLM loss at every tenth of the budget.
-2. Hugging Face `BertForMaskedLM` of the same depth, width, heads and vocabulary (post-LN, learned positions,
-   4d feed-forward, dense MLM head: the usual BERT) trains on the same tokenizer, the same batch stream and
-   masks, and the same number of tokens, with the usual BERT recipe (AdamW lr 1e-4, 10% warm-up then linear
-   decay, weight decay 0.01), evaluated on the same held-out batches at the same token counts.
-The table compares held-out loss at equal tokens and at equal time. Record the printed curve in the README so
-later changes can be compared against it. Needs `pip install transformers` (benchmark only).
+What is compared. (1) Ours: train.main with the shape flags, --minutes and --ours-flags; everything else is
+train.py's default recipe (pre-LN crammed-BERT block, sparse MLM, budget triangle, batch ramp). (2) The baseline:
+`BertForMaskedLM` (bench_model.hf_bert: post-LN, learned positions, GELU feed-forward, dense MLM head) of the
+same depth, width, heads and vocabulary, trained once per learning rate in --hf-lrs. Every run gets --minutes
+of wall clock; the best HF learning rate by final held-out loss is the baseline.
+
+Why it is fair (a comparison counts only if the baseline had a fair chance):
+  - data: the same tokenizer, the same training stream (data.make_loader, train split, same seed) and the same
+    masks: HF gets dense labels (-100 elsewhere) scattered from our sparse labels, so both predict the same
+    tokens at the same positions. Held-out loss is measured the same way for both (train.evaluate's batches:
+    the val split in order, seed 1234, --eval-batches x --micro-batch sequences) at the same fractions of the
+    budget (every 10%), and evaluation time counts against both clocks; the final evaluation is outside both.
+  - recipe: HF gets the standard BERT/RoBERTa recipe, not a strawman: AdamW betas (0.9, 0.98), eps 1e-6,
+    weight decay 0.01 except on biases and norms, clipping at 1.0, 6% warm-up then linear decay to zero as a
+    function of elapsed / budget (fully decayed at the deadline, as ours is), a fixed batch of --batch-tokens
+    by accumulation, and a sweep over learning rates. Dropout is 0 for both (cramming pretrains without it).
+    Like train.py, HF checks the clock before every micro-batch, so neither runs past the deadline by more than
+    one micro-batch.
+  - size: --ffn-dim is HF's intermediate width. Our gated FFN (geglu) has 3 d f weights against HF's 2 d I, so
+    ours gets f = 2 I / 3 rounded to a multiple of 32 (I = 1024 -> f = 672): 5.2 M parameters against HF's
+    5.4 M at the default shape (model.count_params; HF additionally has biases, a learned position table and
+    an MLM transform). Give --ours-flags "--ffn-dim N" to choose ours yourself.
+  - machine: runs execute one at a time in one process, alternating per seed (ours, HF lr 1, HF lr 2, ...),
+    on the same device and autocast dtype and the same torch thread count (--threads). Load from other
+    processes still adds noise: compare tokens/s across the HF runs, which train the same model.
+--ours-flags that change data, shape, batch or evaluation (--seq-len, --micro-batch, --batch-tokens, --mask-rate,
+--eval-batches, --device, --dtype, --compile) apply to HF too, so both always see the same batches; recipe flags
+(--lr, --schedule, --batch-ramp, --clip, ...) apply to ours only.
+
+What is reported: loss at equal time (each run's final held-out loss, all with the same budget); the
+time-to-loss speedup, (best HF run's seconds to reach its own final loss) / (our seconds to reach that loss),
+with linear interpolation between evaluations ("not reached" if ours never gets there); and the same in tokens,
+so throughput (tokens/s; HF's dense MLM head scores all T positions, ours only the masked 25%) and recipe
+(loss per token) can be told apart. Output in --out: results.json,
+curves.png (if matplotlib is installed), ours_seed*/ (train.py's run folders).
+
+Downstream check (skip with --no-downstream): "which play is this line from", six Shakespeare plays, lines of
+at least 6 spoken words, train and dev lines from disjoint contiguous blocks of each play, balanced classes
+(3,000 train / 600 dev rows; a bag-of-words naive Bayes gets 38% of dev right, chance is 17%). Seed 0's
+pretrained model and the same network from random initialization (evaluate_glue.py has no such flag, so a
+freshly built model.build_model of the same config is saved beside the tokenizer) are each fine-tuned with
+evaluate_glue.py: its GLUE-sane protocol, except 3 epochs, 1 seed and lr 3e-4 (--downstream-epochs/-lr):
+
+    python evaluate_glue.py --checkpoint OUT/ours_seed0/final --task-file OUT/downstream/plays/train.tsv \
+        --task-dev-file OUT/downstream/plays/dev.tsv --seeds 1 --epochs 3 --lr 3e-4 --no-progress \
+        --out OUT/downstream/pretrained
+    (the same with --checkpoint OUT/downstream/random_init --out OUT/downstream/random_init)
+
+The task always uses the bundled Shakespeare corpus and the run's own tokenizer, so it works after pretraining
+on any corpus. With --data sample the pretraining text contains these lines (unlabelled): the check then asks
+whether masked-LM pretraining learned features that tell plays apart, not whether it saw the lines.
+Needs `pip install transformers` (benchmark only; not with --skip-hf).
 """
 import argparse
+import gc
+import gzip
 import json
+import math
 import os
+import re
+import shlex
+import shutil
+import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path[:0] = [ROOT, BENCH]  # the project's modules and bench_model.py, also when imported from tests
 import data  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
-from bench_model import hf_bert  # noqa: E402  (bench/ is on sys.path as the script's folder)
+from bench_model import hf_bert  # noqa: E402
+
+EVAL_EVERY = 0.1          # held-out evaluations at every tenth of the budget, for both models
+HF_WARMUP = 0.06          # fraction of the budget
+CORPUS = os.path.join(ROOT, "corpora", "shakespeare.jsonl.gz")
+PLAYS = ("hamlet", "macbeth", "romeo and juliet", "tempest", "midsummer nights dream", "julius caesar")
+
+# -----------------------------------------------------------------------------
+# Shared settings: what our run will actually use, read back through train.py's own parser
 
 
-def run_ours(args):
-    out = os.path.join(args.out, "ours")
-    if os.path.exists(os.path.join(out, "checkpoint.pt")):
-        os.remove(os.path.join(out, "checkpoint.pt"))
-    summary = train.main(["--data", "sample", "--cache", args.cache, "--vocab-size", str(args.vocab_size),
-                          "--model", args.preset, "--n-layers", str(args.n_layers), "--d-model", str(args.d_model),
-                          "--n-heads", str(args.n_heads), "--ffn-dim", str(args.ffn_dim),
-                          "--seq-len", str(args.seq_len), "--micro-batch", str(args.micro_batch),
-                          "--batch-tokens", str(args.batch_tokens), "--minutes", str(args.minutes),
-                          "--eval-batches", str(args.eval_batches), "--seed", str(args.seed), "--out", out,
-                          "--log-every", "20", "--checkpoint-minutes", "1000"])
-    with open(os.path.join(out, "log.jsonl")) as f:
+def ours_ffn_dim(hf_intermediate, ffn):
+    """Our FFN width with about the weights (and FLOPs) of HF's GELU FFN of width hf_intermediate: a gated FFN
+    has an up-projection d x 2f and a down-projection f x d (3 d f weights) against HF's 2 d I."""
+    if ffn == "gelu":
+        return hf_intermediate
+    return max(32, round(2 * hf_intermediate / 3 / 32) * 32)
+
+
+def ours_argv(args, seed, out):
+    """train.py's command line for our run: the base preset's block (train.py's "auto" would pick a preset by
+    budget) at the bench's shape. --ours-flags come last, so they win over everything before them."""
+    extra = shlex.split(args.ours_flags)
+    probe = train.parse_args(["--max-steps", "1", "--model", "base", "--seq-len", str(args.seq_len), *extra])
+    ffn = train.model_config(probe, args.vocab_size)["ffn"]
+    return ["--data", args.data, "--cache", args.cache, "--vocab-size", str(args.vocab_size), "--model", "base",
+            "--n-layers", str(args.n_layers), "--d-model", str(args.d_model), "--n-heads", str(args.n_heads),
+            "--ffn-dim", str(ours_ffn_dim(args.ffn_dim, ffn)), "--seq-len", str(args.seq_len),
+            "--micro-batch", str(args.micro_batch), "--batch-tokens", str(args.batch_tokens),
+            "--eval-batches", str(args.eval_batches), "--minutes", str(args.minutes),
+            "--eval-every", str(EVAL_EVERY), "--seed", str(seed), "--out", out,
+            "--log-every", "10", "--checkpoint-minutes", "1e9", *extra]
+
+
+# -----------------------------------------------------------------------------
+# The two kinds of run. A curve is a list of {"elapsed", "tokens", "val_loss"}, one per held-out evaluation.
+
+
+def read_curve(log_path):
+    """The held-out evaluations of a train.py log; a repeated token count (the final evaluation right after
+    the last periodic one) keeps the later point."""
+    with open(log_path) as f:
         evals = [r for r in map(json.loads, f) if r["kind"] == "eval"]
-    curve = [(r["tokens"], r["elapsed"], r["val_loss"]) for r in evals]
-    return summary, [point for i, point in enumerate(curve) if i == 0 or point[0] > curve[i - 1][0]]
+    curve = [{"elapsed": r["elapsed"], "tokens": r["tokens"], "val_loss": r["val_loss"]} for r in evals]
+    return [p for i, p in enumerate(curve) if i + 1 == len(curve) or curve[i + 1]["tokens"] > p["tokens"]]
+
+
+def run_ours(args, seed):
+    out = os.path.join(args.out, f"ours_seed{seed}")
+    if os.path.exists(os.path.join(out, "checkpoint.pt")):  # a fresh run each time, never a resume
+        os.remove(os.path.join(out, "checkpoint.pt"))
+    summary = train.main(ours_argv(args, seed, out))
+    return {"model": "ours", "seed": seed, "lr": None, "status": summary["status"],
+            "curve": read_curve(os.path.join(out, "log.jsonl")), "final_loss": summary["final_val_loss"],
+            "tokens": summary["tokens"], "elapsed": summary["elapsed_s"], "tokens_per_s": summary["tokens_per_s"],
+            "params": summary["params_total"], "out": out}
+
+
+def hf_model(cfg, intermediate):
+    """bench_model.hf_bert of our config (dropout 0, like our pretraining) with HF's FFN width `intermediate`."""
+    net = hf_bert(cfg, dropout=0.0)
+    if net.config.intermediate_size != intermediate:  # hf_bert builds BERT's 4 x d_model
+        net.config.intermediate_size = intermediate
+        net = type(net)(net.config)
+    return net
 
 
 def dense_labels(batch):
@@ -50,108 +156,405 @@ def dense_labels(batch):
     return labels.scatter(1, batch["label_positions"], batch["labels"])
 
 
+def hf_loss(net, batch, dtype):
+    with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype != torch.float32):
+        return net(input_ids=batch["input_ids"], labels=dense_labels(batch)).loss.float()
+
+
 @torch.no_grad()
-def hf_eval(net, meta, args):
-    """Same held-out batches as train.evaluate: the val split in order, seed 1234."""
-    loader = data.make_loader(meta, "val", "mlm", seed=1234, mask_rate=0.25)
+def hf_evaluate(net, meta, s, device, dtype):
+    """Mean held-out loss on exactly train.evaluate's batches: the val split in order, seed 1234."""
+    loader = data.make_loader(meta, "val", "mlm", seed=1234, mask_rate=s.mask_rate, device=device, prefetch=False)
     net.eval()
-    total = 0.0
-    for _ in range(args.eval_batches):
-        b = loader.next_batch(args.micro_batch, args.seq_len)
-        total += net(input_ids=b["input_ids"], labels=dense_labels(b)).loss.item()
+    total = sum(hf_loss(net, loader.next_batch(s.micro_batch, s.seq_len), dtype).item()
+                for _ in range(s.eval_batches))
     net.train()
-    return total / args.eval_batches
+    return total / s.eval_batches
 
 
-def run_hf(args, meta, cfg, token_marks):
-    """Train HF BERT on the same batch stream up to the last token mark, evaluating at every mark."""
-    torch.manual_seed(args.seed)
-    net = hf_bert(cfg, dropout=0.1).train()  # BERT's usual dropout
-    loader = data.make_loader(meta, "train", "mlm", seed=args.seed, mask_rate=0.25)
-    total_tokens = token_marks[-1]
-    micro_tokens = args.micro_batch * args.seq_len
-    accum = max(1, round(args.batch_tokens / micro_tokens))
-    total_steps = max(1, total_tokens // (accum * micro_tokens))
-    decay = [p for n, p in net.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in net.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-4, betas=(0.9, 0.999), eps=1e-6)
-    warmup = max(1, int(0.1 * total_steps))
-    curve, tokens, step, marks = [], 0, 0, list(token_marks)
-    t0 = time.time()
-    while tokens < total_tokens:
-        lr = 1e-4 * min((step + 1) / warmup, max(0.0, (total_steps - step) / (total_steps - warmup)))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        for _ in range(accum):
-            b = loader.next_batch(args.micro_batch, args.seq_len)
-            (net(input_ids=b["input_ids"], labels=dense_labels(b)).loss / accum).backward()
-            tokens += micro_tokens
+def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
+    """Train HF BERT for the wall-clock budget at peak learning rate lr. s: our run's parsed train.py args."""
+    device, _, _ = train.setup_device(s.device)
+    dtype = train.autocast_dtype(s.dtype, device)
+    torch.manual_seed(seed)
+    net = hf_model(cfg, hf_intermediate).to(device).train()
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
+    loader = data.make_loader(meta, "train", "mlm", seed=seed, mask_rate=s.mask_rate, device=device)
+    run_net = torch.compile(net, dynamic=False) if s.compile else net
+    accum = max(1, round(s.batch_tokens / (s.micro_batch * s.seq_len)))  # train.py's target accumulation
+    budget = train.budget_seconds(s)
+    curve, tokens, status, next_eval = [], 0, "budget spent", EVAL_EVERY
+    t0 = time.time()  # like train.py's clock: from after model, optimizer and loader are built
+    while True:
+        p = (time.time() - t0) / budget
+        if p >= 1.0:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = lr * train.lr_multiplier(p, "linear", HF_WARMUP)
+        loss_sum, done, micro_started = torch.zeros((), device=device), 0, time.time()
+        for micro in range(accum):
+            # train.py's hard deadline: the micro-batch that would end past it is the step's last one
+            now = time.time()
+            last = micro == accum - 1 or (micro > 0 and (now - t0) + (now - micro_started) > budget)
+            micro_started = now
+            loss = hf_loss(run_net, loader.next_batch(s.micro_batch, s.seq_len), dtype)
+            (loss / accum).backward()
+            loss_sum, done = loss_sum + loss.detach(), done + 1
+            if last:
+                break
+        if not math.isfinite(loss_sum.item()):  # diverged (too high a rate for post-LN BERT); one GPU wait per step
+            status = "diverged"
+            break
+        if done < accum:  # a step cut short by the deadline: the mean gradient over the micro-batches it has
+            for q in net.parameters():
+                if q.grad is not None:
+                    q.grad.mul_(accum / done)
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        while marks and tokens >= marks[0]:
-            curve.append((tokens, time.time() - t0, hf_eval(net, meta, args)))
-            print(f"  HF BERT  {tokens:>10,} tokens  {curve[-1][1]:7.1f} s  held-out loss {curve[-1][2]:.3f}")
-            marks.pop(0)
-    return curve
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens += done * s.micro_batch * s.seq_len
+        if p >= next_eval:  # the same rule as train.py: the first step that starts past the mark
+            next_eval += EVAL_EVERY
+            val = hf_evaluate(net, meta, s, device, dtype)
+            curve.append({"elapsed": round(time.time() - t0, 3), "tokens": tokens, "val_loss": val})
+    elapsed = time.time() - t0
+    final = hf_evaluate(net, meta, s, device, dtype) if status != "diverged" else None  # outside the clock
+    curve = [q for q in curve if q["tokens"] < tokens]  # an evaluation of these very weights is replaced by it
+    if final is not None:
+        curve.append({"elapsed": round(elapsed, 3), "tokens": tokens, "val_loss": final})
+    return {"model": "hf", "seed": seed, "lr": lr, "status": status, "curve": curve, "final_loss": final,
+            "tokens": tokens, "elapsed": round(elapsed, 2), "tokens_per_s": round(tokens / max(elapsed, 1e-9)),
+            "params": sum(q.numel() for q in net.parameters()), "out": None}
 
 
-def loss_at_time(curve, t):
-    """Held-out loss of the last evaluation at or before time t (None if none)."""
-    done = [loss for _, elapsed, loss in curve if elapsed <= t + 1e-9]
-    return done[-1] if done else None
+# -----------------------------------------------------------------------------
+# Analysis: pure functions of the curves
 
 
-def main():
+def time_to_loss(curve, target, key="elapsed"):
+    """The first `key` (elapsed or tokens) at which the curve reaches loss <= target, interpolating linearly
+    between evaluations; the first evaluation's value if it is already below; None if never reached."""
+    prev = None
+    for q in curve:
+        if q["val_loss"] is not None and q["val_loss"] <= target:
+            if prev is None or prev["val_loss"] == q["val_loss"]:
+                return q[key]
+            frac = (prev["val_loss"] - target) / (prev["val_loss"] - q["val_loss"])
+            return prev[key] + frac * (q[key] - prev[key])
+        prev = q
+    return None
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def compare(ours, hf):
+    """Our curve against an HF curve: final losses (equal time, as both ran the same budget), and the seconds
+    and tokens each needed to reach HF's own final loss, with their ratios (HF / ours; > 1: ours is faster)."""
+    target = hf[-1]["val_loss"]
+    hf_s, ours_s = time_to_loss(hf, target), time_to_loss(ours, target)
+    hf_n, ours_n = time_to_loss(hf, target, "tokens"), time_to_loss(ours, target, "tokens")
+    return {"target_loss": target, "ours_final_loss": ours[-1]["val_loss"], "hf_final_loss": target,
+            "hf_seconds": hf_s, "ours_seconds": ours_s, "time_speedup": ratio(hf_s, ours_s),
+            "hf_tokens": hf_n, "ours_tokens": ours_n, "token_speedup": ratio(hf_n, ours_n)}
+
+
+def analyze(runs):
+    """The HF baseline (the learning rate with the lowest mean final loss over seeds) and, per seed, ours
+    against it; speedups are summarized by their median over the seeds where ours reached HF's loss."""
+    hf_by_lr = {}
+    for r in runs:
+        if r["model"] == "hf":
+            hf_by_lr.setdefault(r["lr"], []).append(r)
+    mean_loss = {lr: statistics.mean(r["final_loss"] for r in rs) for lr, rs in hf_by_lr.items()
+                 if all(r["final_loss"] is not None for r in rs)}
+    best_lr = min(mean_loss, key=mean_loss.get) if mean_loss else None
+    result = {"hf_mean_final_loss": {str(lr): v for lr, v in mean_loss.items()}, "best_lr": best_lr, "per_seed": []}
+    for ours in (r for r in runs if r["model"] == "ours"):
+        hf = [r for r in hf_by_lr.get(best_lr, []) if r["seed"] == ours["seed"]]
+        if hf:
+            result["per_seed"].append({"seed": ours["seed"], **compare(ours["curve"], hf[0]["curve"]),
+                                       "throughput_ratio": ratio(ours["tokens_per_s"], hf[0]["tokens_per_s"])})
+    for key in ("time_speedup", "token_speedup", "throughput_ratio"):
+        values = [c[key] for c in result["per_seed"] if c[key] is not None]
+        result[key] = statistics.median(values) if values else None
+    return result
+
+
+# -----------------------------------------------------------------------------
+# Downstream: which play does this line come from?
+
+
+def speech_lines(text, min_words=6):
+    """Spoken lines of one play, in order: after the first ACT/SCENE heading, without headings, speaker names
+    (ALL CAPS or short abbreviations like "Hor."), and bracketed stage directions (also those spanning lines)."""
+    lines, started, in_direction = [], False, False
+    for raw in text.split("\n"):
+        s = raw.strip()
+        heading = re.match(r"(act|scene)\s+([ivxlc]+|\d+)\b", s, re.IGNORECASE)
+        started = started or bool(heading)
+        if not started or heading:
+            continue
+        if in_direction:  # inside a "[Enter ..." that began on an earlier line
+            if "]" not in s:
+                continue
+            s, in_direction = s.split("]", 1)[1], False
+        s = re.sub(r"\[[^\]]*\]", " ", s)
+        if "[" in s:
+            s, in_direction = s.split("[", 1)[0], True
+        s = " ".join(s.split())  # also removes tabs, which the TSV must not contain
+        if len(s.split()) >= min_words and s.upper() != s:
+            lines.append(s)
+    return lines
+
+
+def spaced(xs, n):
+    """n items spread evenly over xs, in order."""
+    return [xs[i * len(xs) // n] for i in range(n)]
+
+
+def build_play_task(out_dir, corpus=CORPUS, plays=PLAYS, train_per_play=500, dev_per_play=100, block=40,
+                    dev_every=5):
+    """Write out_dir/train.tsv and dev.tsv (header `sentence<TAB>label`, the play's title as label) for
+    evaluate_glue.py --task-file / --task-dev-file. Each play's lines are cut into contiguous blocks of `block`
+    lines; every dev_every-th block is dev, the rest train, so no dev line sits among fine-tuning lines. Lines
+    that occur more than once anywhere are dropped, and every play gets the same number of rows."""
+    with gzip.open(corpus, "rt", encoding="utf-8") as f:
+        texts = {d["title"]: d["text"] for d in map(json.loads, f)}
+    missing = [p for p in plays if p not in texts]
+    if missing:
+        raise ValueError(f"{corpus}: no work titled {missing}")
+    lines = {p: speech_lines(texts[p]) for p in plays}
+    counts = {}
+    for ls in lines.values():
+        for s in ls:
+            counts[s] = counts.get(s, 0) + 1
+    splits = {"train": {}, "dev": {}}
+    for p, ls in lines.items():
+        unique = [(i, s) for i, s in enumerate(ls) if counts[s] == 1]
+        splits["dev"][p] = [s for i, s in unique if (i // block) % dev_every == dev_every - 1]
+        splits["train"][p] = [s for i, s in unique if (i // block) % dev_every != dev_every - 1]
+    os.makedirs(out_dir, exist_ok=True)
+    result = {"classes": list(plays)}
+    for name, wanted in (("train", train_per_play), ("dev", dev_per_play)):
+        n = min(wanted, *(len(v) for v in splits[name].values()))
+        rows = [(s, p) for p in plays for s in spaced(splits[name][p], n)]
+        path = os.path.join(out_dir, f"{name}.tsv")
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            f.write("sentence\tlabel\n" + "".join(f"{s}\t{p}\n" for s, p in rows))
+        result.update({name: path, f"n_{name}": len(rows)})
+    return result
+
+
+def downstream(final_folder, out_dir, epochs=3, lr=3e-4, **task_kwargs):
+    """Fine-tune the pretrained checkpoint and a randomly initialized copy of its network on the play task,
+    with the same protocol; returns dev accuracies in percent."""
+    import evaluate_glue
+    task = build_play_task(os.path.join(out_dir, "plays"), **task_kwargs)
+    random_init = os.path.join(out_dir, "random_init")  # evaluate_glue has no random-init flag: save one
+    with open(os.path.join(final_folder, "config.json")) as f:
+        cfg = json.load(f)
+    torch.manual_seed(0)
+    model.save_model(model.build_model(cfg), random_init)
+    for name in ("tokenizer.json", "meta.json"):
+        shutil.copyfile(os.path.join(final_folder, name), os.path.join(random_init, name))
+    result = {"task": task, "epochs": epochs, "lr": lr, "chance": 100.0 / len(task["classes"])}
+    for name, checkpoint in (("pretrained", final_folder), ("random_init", random_init)):
+        glue = evaluate_glue.main(["--checkpoint", checkpoint, "--task-file", task["train"],
+                                   "--task-dev-file", task["dev"], "--seeds", "1", "--epochs", str(epochs),
+                                   "--lr", str(lr), "--no-progress", "--out", os.path.join(out_dir, name)])
+        result[name] = glue["tasks"]["train"]["metrics"]["accuracy"]  # the task is named after train.tsv
+    return result
+
+
+# -----------------------------------------------------------------------------
+# Report
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def run_name(r):
+    return "ours (train.py)" if r["model"] == "ours" else f"HF BERT lr {r['lr']:g}"
+
+
+def curve_cell(points, i):
+    """One evaluation as table cells (seconds, tokens, loss), or blanks past the end of a shorter curve."""
+    if i >= len(points):
+        return " " * 25
+    q = points[i]
+    return f"{q['elapsed']:7.1f} {q['tokens']:>10,} {q['val_loss']:6.3f}"
+
+
+def seed_report(c, ours, hf, best_lr):
+    """Both curves side by side, then equal time, time to loss and tokens to loss for one seed."""
+    lines = ["", f"held-out loss curves, seed {c['seed']} (HF lr {best_lr:g}):",
+             f"{'eval':>4} | {'ours s':>7} {'tokens':>10} {'loss':>6} | {'HF s':>7} {'tokens':>10} {'loss':>6}"]
+    for i in range(max(len(ours["curve"]), len(hf["curve"]))):
+        lines.append(f"{i + 1:>4} | {curve_cell(ours['curve'], i)} | {curve_cell(hf['curve'], i)}")
+    time_line = f"time to reach HF's final loss {c['target_loss']:.3f}: HF {c['hf_seconds']:.1f} s, ours "
+    token_line = f"tokens to reach it: HF {c['hf_tokens']:,.0f}, ours "
+    if c["ours_seconds"] is None:
+        time_line += "not reached"
+    else:
+        time_line += f"{c['ours_seconds']:.1f} s -> {c['time_speedup']:.2f}x"
+    if c["ours_tokens"] is None:
+        token_line += "not reached"
+    else:
+        token_line += f"{c['ours_tokens']:,.0f} -> {c['token_speedup']:.2f}x (recipe)"
+    token_line += f"; tokens/s ours / HF {fmt(c['throughput_ratio'], '.2f')}x (throughput)"
+    return lines + [f"equal time: ours {c['ours_final_loss']:.3f} vs HF {c['hf_final_loss']:.3f}", time_line,
+                    token_line]
+
+
+def report(results):
+    """Print the run table, each seed's curves and speedups, and the downstream check; return the text."""
+    runs, a, st = results["runs"], results["analysis"], results["settings"]
+    lines = [f"\nmini-cram on {st['data']}: {st['n_layers']} x {st['d_model']}, {st['n_heads']} heads, vocab "
+             f"{st['vocab_size']}, {st['minutes']:g} min per run, {st['threads']} torch thread(s), {st['device']}",
+             f"order: {', '.join(st['order'])}", "",
+             f"{'run':<22} {'seed':>4} {'params':>8} {'final loss':>10} {'tokens':>11} {'tokens/s':>9}  status"]
+    for r in runs:
+        best = "  <- baseline" if r["model"] == "hf" and r["lr"] == a["best_lr"] else ""
+        lines.append(f"{run_name(r):<22} {r['seed']:>4} {r['params'] / 1e6:7.2f}M {fmt(r['final_loss'], '10.3f')} "
+                     f"{r['tokens']:>11,} {r['tokens_per_s']:>9,}  {r['status']}{best}")
+    for c in a["per_seed"]:
+        ours = next(r for r in runs if r["model"] == "ours" and r["seed"] == c["seed"])
+        hf = next(r for r in runs if r["model"] == "hf" and r["lr"] == a["best_lr"] and r["seed"] == c["seed"])
+        lines += seed_report(c, ours, hf, a["best_lr"])
+    if len(a["per_seed"]) > 1:
+        lines.append(f"median over seeds: time speedup {fmt(a['time_speedup'], '.2f')}x, token speedup "
+                     f"{fmt(a['token_speedup'], '.2f')}x, throughput ratio {fmt(a['throughput_ratio'], '.2f')}x")
+    d = results.get("downstream")
+    if d:
+        lines.append(f"\ndownstream, which of {len(d['task']['classes'])} plays ({d['task']['n_train']:,} train / "
+                     f"{d['task']['n_dev']:,} dev lines, {d['epochs']} epochs at lr {d['lr']:g}): pretrained "
+                     f"{d['pretrained']:.1f}% vs random init {d['random_init']:.1f}% (chance {d['chance']:.1f}%)")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def plot(results, path):
+    """Held-out loss against seconds for every run; skipped when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results["runs"]:
+        xs, ys = [q["elapsed"] for q in r["curve"]], [q["val_loss"] for q in r["curve"]]
+        ax.plot(xs, ys, marker="o", ms=3, lw=2.5 if r["model"] == "ours" else 1.2,
+                label=f"{run_name(r)}, seed {r['seed']}")
+    ax.set(xlabel="wall-clock seconds (evaluations included)", ylabel="held-out MLM loss",
+           title=f"mini-cram, {results['settings']['minutes']:g} min per run")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# -----------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=float, default=5.0, help="wall-clock budget of our run in minutes")
-    p.add_argument("--preset", default="mini", help="model preset whose other settings are used")
-    p.add_argument("--n-layers", type=int, default=4, help="layers")
-    p.add_argument("--d-model", type=int, default=128, help="hidden size")
-    p.add_argument("--n-heads", type=int, default=4, help="attention heads")
-    p.add_argument("--ffn-dim", type=int, default=256, help="feed-forward width after gating (HF BERT gets 4 x d_model)")
-    p.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary trained on the sample")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
-    p.add_argument("--micro-batch", type=int, default=32, help="sequences per forward pass")
-    p.add_argument("--batch-tokens", type=int, default=16384, help="target tokens per optimizer step")
-    p.add_argument("--eval-batches", type=int, default=10, help="held-out batches per evaluation")
-    p.add_argument("--seed", type=int, default=0, help="seed of both runs")
-    p.add_argument("--skip-hf", action="store_true", help="run only our recipe")
-    p.add_argument("--cache", default="cache", help="data cache folder")
-    p.add_argument("--out", default="runs/mini_cram", help="output folder (results.json)")
-    args = p.parse_args()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    # Data and budget
+    p.add_argument("--data", default="sample", help="any --data train.py accepts (default: the bundled sample)")
+    p.add_argument("--cache", default="cache", help="data cache folder (default: cache)")
+    p.add_argument("--minutes", type=float, default=3.0, help="wall-clock budget of every run (default: 3)")
+    # Shape, shared by both models
+    p.add_argument("--n-layers", type=int, default=4, help="layers (default: 4)")
+    p.add_argument("--d-model", type=int, default=256, help="hidden size (default: 256)")
+    p.add_argument("--n-heads", type=int, default=4, help="attention heads (default: 4)")
+    p.add_argument("--ffn-dim", type=int, default=1024, help="HF's intermediate size (default: 1024 = 4 d); ours "
+                   "gets the same weights: 2/3 of it for a gated FFN, rounded to a multiple of 32")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default: 128)")
+    p.add_argument("--vocab-size", type=int, default=8192, help="tokenizer vocabulary (default: 8192)")
+    # Batch and evaluation, shared by both models
+    p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per optimizer step (default: 16384)")
+    p.add_argument("--micro-batch", type=int, default=32, help="sequences per forward pass (default: 32)")
+    p.add_argument("--eval-batches", type=int, default=10, help="held-out batches per evaluation (default: 10)")
+    # The runs
+    p.add_argument("--hf-lrs", default="1e-4,3e-4,1e-3,2e-3", help="HF peak learning rates, one run each")
+    p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1, each runs ours and every HF lr (default: 1)")
+    p.add_argument("--ours-flags", default="", help="extra train.py flags as one string, e.g. \"--lr 2e-3\" "
+                   "(default: none, train.py's recipe)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads for every run (default: 0 = torch's "
+                   "count at start; 1 helps on a busy machine, where more threads than free cores crawl)")
+    p.add_argument("--skip-hf", action="store_true", help="run only ours (no transformers needed)")
+    p.add_argument("--analyze-only", action="store_true", help="no training: re-analyze OUT/results.json")
+    p.add_argument("--no-downstream", action="store_true", help="skip the play-classification check")
+    p.add_argument("--downstream-epochs", type=int, default=3, help="fine-tuning epochs of that check (default: 3)")
+    p.add_argument("--downstream-lr", type=float, default=3e-4, help="its fine-tuning learning rate (default: 3e-4; "
+                   "GLUE-sane's 4e-5 suits BERT-base and leaves minutes-old mini models at chance)")
+    p.add_argument("--out", default="runs/bench_cram", help="output folder (default: runs/bench_cram)")
+    return p.parse_args(argv)
 
-    summary, ours = run_ours(args)
-    result = {"args": vars(args), "ours": ours, "ours_summary": summary}
-    if not args.skip_hf:
-        meta = data.prepare_data("sample", args.cache, args.vocab_size, progress=False)
-        cfg = model.load_model(os.path.join(args.out, "ours", "final")).config
-        print(f"Hugging Face BertForMaskedLM on the same {ours[-1][0]:,} tokens:")
-        result["hf"] = run_hf(args, meta, cfg, [t for t, _, _ in ours])
-    print(f"\nmini-cram: {args.n_layers} x {args.d_model}, {args.minutes} min budget for ours, sample corpus, "
-          f"vocab {args.vocab_size}")
-    print(f"{'tokens':>12} | {'ours s':>7} {'ours loss':>9} | {'HF s':>7} {'HF loss':>8}")
-    for i, (tokens, t, loss) in enumerate(ours):
-        hf = result.get("hf", [])
-        row = f"{tokens:>12,} | {t:7.1f} {loss:9.3f} |"
-        if i < len(hf):
-            row += f" {hf[i][1]:7.1f} {hf[i][2]:8.3f}"
-        print(row)
-    if result.get("hf"):
-        t_end, loss_end = ours[-1][1], ours[-1][2]
-        hf_at_t = loss_at_time(result["hf"], t_end)
-        result["equal_tokens"] = {"ours": loss_end, "hf": result["hf"][-1][2]}
-        result["equal_time"] = {"seconds": t_end, "ours": loss_end, "hf": hf_at_t}
-        print(f"equal tokens ({ours[-1][0]:,}): ours {loss_end:.3f} vs HF {result['hf'][-1][2]:.3f}; "
-              f"time ours {t_end:.0f} s vs HF {result['hf'][-1][1]:.0f} s")
-        print(f"equal time ({t_end:.0f} s): ours {loss_end:.3f} vs HF "
-              f"{'no evaluation yet' if hf_at_t is None else f'{hf_at_t:.3f}'}")
+
+def main(argv=None):
+    args = parse_args(argv)
+    path = os.path.join(args.out, "results.json")
+    if args.analyze_only:
+        if not os.path.isfile(path):
+            raise SystemExit(f"error: {path} not found; run the benchmark first")
+        with open(path) as f:
+            results = json.load(f)
+    else:
+        results = run_all(args)
+    results["analysis"] = analyze(results["runs"])
+    report(results)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2)
+    png = plot(results, os.path.join(args.out, "curves.png"))
+    print(f"wrote {path}" + (f" and {png}" if png else " (pip install matplotlib for curves.png)"))
+    return results
+
+
+def run_all(args):
+    """Every run, one at a time: per seed ours, then HF at each learning rate. Then the downstream check."""
+    threads = args.threads or torch.get_num_threads()  # the same for every run
+    lrs = [] if args.skip_hf else [float(x) for x in args.hf_lrs.split(",") if x.strip()]
+    s = train.parse_args(ours_argv(args, 0, args.out))  # our settings as train.py resolves them
+    if lrs and not train.budget_seconds(s):
+        raise SystemExit("error: HF runs need a wall-clock budget (--minutes)")
+    device, _, _ = train.setup_device(s.device)
+    meta = train.prepare(s, device, 0, 1)  # the same cache entry train.py uses
+    cfg = train.model_config(s, meta["n_vocab"])
+    order = [f"{'ours' if lr is None else f'hf lr {lr:g}'} seed {seed}"
+             for seed in range(args.seeds) for lr in [None, *lrs]]
+    print("runs, one at a time: " + ", ".join(order))
+    runs = []
+    for seed in range(args.seeds):
+        for lr in [None, *lrs]:
+            torch.set_num_threads(threads)
+            gc.collect()
+            print(f"\n=== {'ours' if lr is None else f'HF BERT lr {lr:g}'}, seed {seed} ===")
+            runs.append(run_ours(args, seed) if lr is None else run_hf(s, meta, cfg, args.ffn_dim, lr, seed))
+            if lr is not None:
+                r = runs[-1]
+                print(f"HF BERT lr {lr:g}: {r['status']}, {r['tokens']:,} tokens, {r['tokens_per_s']:,} tokens/s, "
+                      f"final held-out loss {fmt(r['final_loss'], '.3f')}")
+    settings = {**vars(args), "threads": threads, "device": str(device), "ours_ffn_dim": s.ffn_dim,
+                "dtype": str(train.autocast_dtype(s.dtype, device)).replace("torch.", ""), "order": order,
+                "hf_recipe": {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "clip": 1.0,
+                              "warmup": HF_WARMUP, "schedule": "linear to 0 at the deadline", "dropout": 0.0}}
+    results = {"settings": settings, "runs": runs}
+    if not args.no_downstream:
+        print("\n=== downstream: which play is this line from? ===")
+        results["downstream"] = downstream(os.path.join(runs[0]["out"], "final"), os.path.join(args.out, "downstream"),
+                                           args.downstream_epochs, args.downstream_lr)
+    return results
 
 
 if __name__ == "__main__":

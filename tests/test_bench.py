@@ -1,13 +1,16 @@
-"""Specification of bench/bench_model.py, the throughput and MFU benchmark: python -m pytest -q tests/test_bench.py
+"""Specification of the benchmarks bench/bench_model.py and bench/bench_cram.py: python -m pytest -q tests/test_bench.py
 
-The numbers it prints depend on the machine; what is checked here is that it runs, times the same work for both
-models, and turns a throughput into MFU with model.py's FLOP count.
+The numbers they print depend on the machine. For bench_model (throughput, MFU) what is checked is that it runs,
+times the same work for both models, and turns a throughput into MFU with model.py's FLOP count. For bench_cram
+(ours against Hugging Face BERT at equal wall clock): the speedup analysis on synthetic curves, that both models
+get the same masked targets, that a tiny learning-rate sweep reports every run, and the downstream play task.
 """
 import importlib.util
 import json
 import os
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,3 +68,169 @@ def test_comparison_with_hugging_face_bert_prints_the_ratio(bench_model, monkeyp
 
 def test_compiled_model_runs(bench_model, monkeypatch, tmp_path):
     assert run_bench(bench_model, monkeypatch, tmp_path, "--skip-hf", "--compile")["tokens_per_s_ours"] > 0
+
+
+# =============================================================================
+# bench/bench_cram.py: the side-by-side cramming benchmark (ours vs HF BERT at equal wall clock)
+
+TINY_BENCH = ["--data", "sample", "--vocab-size", "512", "--n-layers", "1", "--d-model", "32", "--n-heads", "2",
+              "--ffn-dim", "96", "--seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256",
+              "--eval-batches", "2", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def bench_cram():
+    spec = importlib.util.spec_from_file_location("bench_cram", os.path.join(ROOT, "bench", "bench_cram.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for this file's runs (more threads than free cores crawl on a shared CPU), then back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sample_cache(tmp_path_factory):
+    """The sample corpus with a 512-token BPE, prepared once for this file (as train.py would prepare it)."""
+    import data
+    folder = str(tmp_path_factory.mktemp("cache"))
+    data.prepare_data("sample", folder, 512, progress=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def sweep(bench_cram, sample_cache, one_thread, tmp_path_factory):
+    """One tiny benchmark: ours, then HF BERT at two learning rates, 2 s each."""
+    pytest.importorskip("transformers")
+    out = str(tmp_path_factory.mktemp("bench_cram"))
+    results = bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--minutes", "0.03", "--hf-lrs", "1e-3,3e-3",
+                                            "--no-downstream", "--out", out])
+    return results, out
+
+
+def curve(*points):
+    """Synthetic evaluations (elapsed s, tokens, loss)."""
+    return [{"elapsed": t, "tokens": n, "val_loss": loss} for t, n, loss in points]
+
+
+def test_time_to_loss_interpolates_between_evaluations_and_says_when_a_loss_is_not_reached(bench_cram):
+    c = curve((10, 100, 6.0), (20, 200, 5.0), (30, 300, 4.0))
+    assert bench_cram.time_to_loss(c, 5.5) == pytest.approx(15.0)                 # halfway between 6.0 and 5.0
+    assert bench_cram.time_to_loss(c, 4.25, key="tokens") == pytest.approx(275.0)
+    assert bench_cram.time_to_loss(c, 7.0) == 10                                   # already below at the first
+    assert bench_cram.time_to_loss(c, 3.9) is None                                 # never reached
+    bumpy = curve((10, 100, 5.0), (20, 200, 5.5), (30, 300, 4.5))
+    assert bench_cram.time_to_loss(bumpy, 5.0) == 10                               # the first time it got there
+
+
+def test_speedups_at_hf_final_loss_separate_throughput_from_recipe(bench_cram):
+    hf = curve((10, 1000, 6.0), (20, 2000, 5.0))                       # HF reaches its final 5.0 at 20 s
+    ours = curve((10, 2000, 5.5), (20, 4000, 4.5))                     # twice the tokens/s; 5.0 at 15 s
+    c = bench_cram.compare(ours, hf)
+    assert c["target_loss"] == c["hf_final_loss"] == 5.0 and c["ours_final_loss"] == 4.5
+    assert (c["hf_seconds"], c["ours_seconds"], c["time_speedup"]) == pytest.approx((20, 15, 4 / 3))
+    assert (c["hf_tokens"], c["ours_tokens"], c["token_speedup"]) == pytest.approx((2000, 3000, 2 / 3))
+    slow = bench_cram.compare(curve((10, 500, 6.5), (20, 1000, 5.2)), hf)
+    assert slow["ours_seconds"] is slow["time_speedup"] is slow["token_speedup"] is None
+
+
+def test_the_baseline_is_the_hf_lr_with_the_lowest_final_loss_and_diverged_runs_never_win(bench_cram):
+    def run(kind, lr, seed, losses):
+        points = curve(*[(10 * (i + 1), 100 * (i + 1), x) for i, x in enumerate(losses)])
+        return {"model": kind, "lr": lr, "seed": seed, "curve": points, "final_loss": losses[-1] if losses else None,
+                "tokens_per_s": 10 if kind == "hf" else 20}
+    runs = [run("ours", None, 0, [6.0, 4.0]), run("hf", 1e-4, 0, [6.5, 5.5]), run("hf", 1e-3, 0, [6.0, 5.0]),
+            run("hf", 1e-2, 0, [])]                                   # 1e-2 diverged: no final loss
+    a = bench_cram.analyze(runs)
+    assert a["best_lr"] == 1e-3 and set(a["hf_mean_final_loss"]) == {"0.0001", "0.001"}
+    assert len(a["per_seed"]) == 1 and a["per_seed"][0]["target_loss"] == 5.0
+    assert a["time_speedup"] == pytest.approx(20 / 15) and a["throughput_ratio"] == 2.0
+
+
+def test_our_gated_ffn_width_matches_the_weights_of_hf_bert_ffn(bench_cram):
+    for intermediate in (256, 1024, 3072):
+        f = bench_cram.ours_ffn_dim(intermediate, "geglu")
+        assert f % 32 == 0 and abs(3 * f - 2 * intermediate) <= 3 * 16   # 3 d f weights vs HF's 2 d I
+    assert bench_cram.ours_ffn_dim(1024, "gelu") == 1024
+    cfg = model.make_config("base", n_layers=4, d_model=256, n_heads=4, ffn_dim=bench_cram.ours_ffn_dim(1024, "geglu"),
+                            vocab_size=8192)
+    assert 0.95 < model.count_params(cfg) / 5.36e6 < 1.0               # HF BERT of that shape: 5.36 M
+
+
+def test_both_models_get_identical_masked_targets_for_the_same_loader_position(bench_cram, sample_cache, one_thread,
+                                                                              tmp_path, monkeypatch):
+    import data
+    import train
+    seen, next_batch = [], data.Loader.next_batch
+
+    def recording(self, batch_size, seq_len=128):
+        batch = next_batch(self, batch_size, seq_len)
+        if self.shuffle:  # the train split; evaluation reads the val split in order
+            seen.append(batch)
+        return batch
+    monkeypatch.setattr(data.Loader, "next_batch", recording)
+    train.main(["--data", "sample", "--cache", sample_cache, "--vocab-size", "512", "--model", "tiny",
+                "--seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256", "--eval-batches", "1",
+                "--max-steps", "2", "--seed", "3", "--out", str(tmp_path)])
+    monkeypatch.setattr(data.Loader, "next_batch", next_batch)
+    meta = data.prepare_data("sample", sample_cache, 512, progress=False)
+    hf_loader = data.make_loader(meta, "train", "mlm", seed=3, mask_rate=0.25)  # as run_hf builds it
+    assert len(seen) >= 2
+    for ours in seen:
+        hf = hf_loader.next_batch(4, 32)
+        dense = bench_cram.dense_labels(hf)
+        assert torch.equal(hf["input_ids"], ours["input_ids"])
+        targets = {(r, int(p)): int(y) for r in range(4) for p, y in zip(ours["label_positions"][r], ours["labels"][r])
+                   if y != -100}
+        hf_targets = {(r, p): int(dense[r, p]) for r, p in (dense != -100).nonzero().tolist()}
+        assert targets == hf_targets and len(targets) > 0
+
+
+def test_hf_learning_rate_sweep_reports_every_lr_and_picks_the_best(bench_cram, sweep, capsys):
+    results, out = sweep
+    runs = results["runs"]
+    assert [(r["model"], r["lr"]) for r in runs] == [("ours", None), ("hf", 1e-3), ("hf", 3e-3)]
+    assert results["settings"]["order"] == ["ours seed 0", "hf lr 0.001 seed 0", "hf lr 0.003 seed 0"]
+    assert results["settings"]["threads"] == 1
+    for r in runs:
+        assert r["status"] == "budget spent" and r["tokens"] > 0 and r["curve"]
+        assert r["curve"][-1]["val_loss"] == pytest.approx(r["final_loss"])
+        assert r["elapsed"] == pytest.approx(0.03 * 60, abs=1.5)      # the same budget for every run
+    hf = [r for r in runs if r["model"] == "hf"]
+    assert results["analysis"]["best_lr"] == min(hf, key=lambda r: r["final_loss"])["lr"]
+    assert runs[1]["params"] > runs[0]["params"] > 0.8 * runs[1]["params"]  # about the same size
+    with open(os.path.join(out, "results.json")) as f:
+        assert json.load(f)["analysis"] == results["analysis"]
+    again = bench_cram.main(["--analyze-only", "--out", out])           # no training, the same answer
+    assert again["analysis"] == results["analysis"] and "HF BERT lr 0.003" in capsys.readouterr().out
+
+
+def test_play_task_has_disjoint_balanced_splits_in_the_task_file_format(bench_cram, tmp_path):
+    import evaluate_glue
+    task = bench_cram.build_play_task(str(tmp_path), train_per_play=300, dev_per_play=60)
+    assert (task["n_train"], task["n_dev"]) == (6 * 300, 6 * 60)
+    name, spec, parsed = evaluate_glue.load_task_file(task["train"], task["dev"])
+    train_rows, dev_rows = parsed["train"], parsed["dev"][""]
+    assert train_rows["skipped"] == dev_rows["skipped"] == 0 and spec["classes"] == sorted(bench_cram.PLAYS)
+    assert not set(train_rows["a"]) & set(dev_rows["a"])                # dev lines never seen in fine-tuning
+    for rows, n in ((train_rows, 300), (dev_rows, 60)):
+        assert np.bincount(rows["labels"]).tolist() == [n] * 6          # balanced classes
+        assert all(len(s.split()) >= 6 and s.upper() != s and "[" not in s for s in rows["a"])
+
+
+def test_downstream_fine_tunes_the_pretrained_and_a_random_init_copy(bench_cram, sweep, tmp_path):
+    results, out = sweep
+    d = bench_cram.downstream(os.path.join(out, "ours_seed0", "final"), str(tmp_path), epochs=1,
+                              train_per_play=10, dev_per_play=5)
+    assert 0 <= d["pretrained"] <= 100 and 0 <= d["random_init"] <= 100
+    init = model.load_model(str(tmp_path / "random_init"))
+    trained = model.load_model(os.path.join(out, "ours_seed0", "final"))
+    assert init.config == trained.config
+    assert not torch.equal(init.tok_emb.weight, trained.tok_emb.weight)
+    assert os.path.isfile(tmp_path / "random_init" / "tokenizer.json")

@@ -390,7 +390,8 @@ def test_train_py_rewarms_the_learning_rate_after_growth(tmp_path):
     out = tmp_path / "run"
     train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--seq-len", "32", "--micro-batch", "4",
                 "--batch-tokens", "128", "--eval-batches", "1", "--log-every", "1", "--cache", str(tmp_path / "cache"),
-                "--out", str(out), "--max-steps", "20", "--grow", "0:layers=1; 0.5:layers=2", "--grow-rewarm", "0.2"])
+                "--out", str(out), "--max-steps", "20", "--grow", "0:layers=1; 0.5:layers=2", "--grow-rewarm", "0.2",
+                "--lr", "1e-3"])
     with open(out / "log.jsonl") as f:
         steps = {r["step"]: r for r in map(json.loads, f) if r["kind"] == "train"}
     # growth happens before step 11 (p = 0.5); the rate then climbs linearly back over 0.2 of the budget = 4 steps

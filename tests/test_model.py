@@ -300,3 +300,137 @@ def test_unknown_preset_lists_the_choices():
 def test_sequence_longer_than_the_position_table_is_an_error():
     with pytest.raises(ValueError, match="exceeds max_seq_len 32"):
         seeded_model(tiny(positions="learned"))(tokens(T=40))
+
+
+# --- using a trained model: fill_mask, generate and the command line ----------------
+
+SENTENCE = "the cat sat on the mat."
+
+
+@pytest.fixture(scope="module")
+def enc():
+    import data
+    texts = [SENTENCE, "the dog ran in the park.", "a bird sang on the tree.", "we sat in the sun."] * 10
+    return data.train_tokenizer(texts, vocab_size=320)
+
+
+def overfit(cfg, batch, steps=150):
+    """A tiny model trained on batch(step) -> dict of forward() arguments until it has memorized SENTENCE."""
+    net = seeded_model(cfg).train()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ops this small gain nothing from threads, which stall for seconds on a busy CPU
+    try:
+        for step in range(steps):
+            loss = net(**batch(step))["loss"]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    return net.eval()
+
+
+@pytest.fixture(scope="module")
+def mlm(enc):
+    """Masked LM on [CLS] SENTENCE [SEP] (data.Loader's layout), one random word masked per sequence."""
+    import data
+    special = data.special_ids(enc)
+    ids = torch.tensor([special["cls"]] + enc.encode_ordinary(SENTENCE) + [special["sep"]])
+    g = torch.Generator().manual_seed(0)
+
+    def batch(step):
+        positions = torch.randint(1, len(ids) - 1, (16, 1), generator=g)               # (B, 1)
+        input_ids = ids.repeat(16, 1).scatter(1, positions, special["mask"])
+        return {"input_ids": input_ids, "labels": ids[positions], "label_positions": positions}
+    return overfit(tiny(vocab_size=enc.n_vocab), batch)
+
+
+@pytest.fixture(scope="module")
+def clm(enc):
+    """Causal LM on a stream of SENTENCE documents, each followed by [SEP], read at random offsets (rotary
+    positions, which see the sentence the same at every offset, memorize it fastest)."""
+    import data
+    doc = enc.encode_ordinary(SENTENCE) + [data.special_ids(enc)["sep"]]
+    stream = torch.tensor(doc * 20)
+    g = torch.Generator().manual_seed(0)
+
+    def batch(step):
+        starts = torch.randint(0, len(stream) - 17, (16, 1), generator=g)
+        window = stream[starts + torch.arange(17)]                                     # (B, T + 1)
+        return {"input_ids": window[:, :-1], "labels": window[:, 1:]}
+    return overfit(tiny(vocab_size=enc.n_vocab, objective="clm", positions="rotary"), batch)
+
+
+def test_fill_mask_predicts_the_memorized_word(mlm, enc):
+    guesses = model.fill_mask(mlm, enc, "the [MASK] sat on the [MASK].", top_k=3)
+    assert [g[0][0] for g in guesses] == [" cat", " mat"]
+    for row in guesses:
+        assert len(row) == 3 and all(isinstance(t, str) and isinstance(p, float) for t, p in row)
+        probs = [p for _, p in row]
+        assert probs == sorted(probs, reverse=True) and sum(probs) <= 1.0 + 1e-6
+
+
+def test_fill_mask_never_guesses_a_special_or_padding_id(enc, monkeypatch):
+    import data
+    net = seeded_model(tiny(vocab_size=enc.n_vocab + 1))                                # 1 padding row per 64
+    bonus = torch.zeros(model.padded_vocab_size(net.config))
+    bonus[data.n_ordinary(enc):] = 100.0                                                # specials + padding first
+    scores = net.logits
+    monkeypatch.setattr(net, "logits", lambda h: scores(h) + bonus)
+    (row,) = model.fill_mask(net, enc, "a [MASK]", top_k=10_000)
+    assert len(row) == data.n_ordinary(enc)                                             # every ordinary token once
+    assert not {t for t, _ in row} & enc.special_tokens_set
+    assert abs(sum(p for _, p in row) - 1.0) < 1e-4
+
+
+def test_generate_continues_the_memorized_sentence(clm, enc):
+    assert model.generate(clm, enc, "the cat sat") == " on the mat."                    # stops at [SEP]
+
+
+def test_generate_is_deterministic_for_greedy_and_for_a_seed(enc):
+    net = seeded_model(tiny(vocab_size=enc.n_vocab, objective="clm"))
+    greedy = model.generate(net, enc, "the dog", max_new_tokens=8)
+    assert isinstance(greedy, str) and greedy == model.generate(net, enc, "the dog", max_new_tokens=8)
+    sampled = dict(max_new_tokens=8, temperature=1.0, top_k=20, seed=1)
+    assert model.generate(net, enc, "the dog", **sampled) == model.generate(net, enc, "the dog", **sampled)
+
+
+def test_generate_crops_a_prompt_longer_than_the_model_sees(enc):
+    net = seeded_model(tiny(vocab_size=enc.n_vocab, objective="clm", positions="learned", max_seq_len=8))
+    assert isinstance(model.generate(net, enc, "the cat sat on the mat and the dog ran", max_new_tokens=10), str)
+
+
+def test_fill_mask_and_generate_refuse_the_other_objective(enc):
+    with pytest.raises(ValueError, match="fill_mask needs a masked LM"):
+        model.fill_mask(seeded_model(tiny(vocab_size=enc.n_vocab, objective="clm")), enc, "a [MASK]")
+    with pytest.raises(ValueError, match="generate needs a causal LM"):
+        model.generate(seeded_model(tiny(vocab_size=enc.n_vocab)), enc, "a")
+    with pytest.raises(ValueError, match="has no \\[MASK\\]"):
+        model.fill_mask(seeded_model(tiny(vocab_size=enc.n_vocab)), enc, "no mask here")
+
+
+def checkpoint(tmp_path, net, enc):
+    import data
+    model.save_model(net, tmp_path / "final")
+    data.save_tokenizer(enc, str(tmp_path / "final" / "tokenizer.json"))
+    return str(tmp_path / "final")
+
+
+def test_command_line_fills_masks_and_continues_prompts(tmp_path, mlm, clm, enc, capsys):
+    model.main([checkpoint(tmp_path / "mlm", mlm, enc), "the [MASK] sat on the [MASK].", "--top-k", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("[MASK] 1: ' cat' ") and lines[1].startswith("[MASK] 2: ' mat' ")
+    assert lines[0].count(" | ") == 1
+    model.main([checkpoint(tmp_path / "clm", clm, enc), "the cat sat", "--max-new-tokens", "3"])
+    assert capsys.readouterr().out == " on the mat\n"
+
+
+def test_command_line_errors_are_one_line(tmp_path, mlm, enc):
+    with pytest.raises(SystemExit, match=f"error: {tmp_path / 'nope'}: no such checkpoint folder"):
+        model.main([str(tmp_path / "nope"), "a [MASK]"])
+    model.save_model(mlm, tmp_path / "bare")
+    with pytest.raises(SystemExit, match="tokenizer.json: missing"):
+        model.main([str(tmp_path / "bare"), "a [MASK]"])
+    with pytest.raises(SystemExit, match="^error: text 'no mask' has no \\[MASK\\] to fill$"):
+        model.main([checkpoint(tmp_path, mlm, enc), "no mask"])

@@ -17,7 +17,7 @@ import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--seq-len", "32", "--micro-batch", "4",
-        "--batch-tokens", "256", "--eval-batches", "2", "--log-every", "1"]
+        "--batch-tokens", "256", "--lr", "1e-3", "--eval-batches", "2", "--log-every", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,56 @@ def test_batch_ramp_reaches_the_target_at_60_percent():
     assert train.accumulation_steps(0.0, 8, ramp=0.0) == 8
 
 
+# --- defaults chosen from the device and the budget ------------------------------------
+
+def chosen(argv, flops_per_s, on_gpu):
+    return train.choose_defaults(train.parse_args(["--data", "sample", *argv]), flops_per_s, 1, on_gpu)[0]
+
+
+def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
+    picks = chosen(["--minutes", "2"], flops_per_s=2e10, on_gpu=False)
+    assert picks == {"model": "tiny", "vocab_size": 512, "seq_len": 64, "batch_tokens": 1024, "micro_batch": 16,
+                     "lr": 0.012}
+
+
+def test_a_gpu_day_gets_crammings_base_model_and_batch():
+    picks = chosen(["--hours", "24"], flops_per_s=0.4 * 989e12, on_gpu=True)
+    assert picks == {"model": "base", "vocab_size": 32768, "seq_len": 128, "batch_tokens": 8192 * 128,
+                     "micro_batch": 128, "lr": 1e-3}
+
+
+def test_the_chosen_model_grows_with_the_budget():
+    names = [chosen(["--hours", str(h)], flops_per_s=0.4 * 989e12, on_gpu=True)["model"] for h in (0.002, 0.05, 24)]
+    assert names == ["mini", "small", "base"]
+
+
+def test_a_token_budget_sizes_the_batch_for_about_2000_steps():
+    picks = chosen(["--max-tokens", "8e6"], flops_per_s=2e10, on_gpu=False)
+    assert picks["batch_tokens"] == 2048 and 8e6 / picks["batch_tokens"] >= 2000
+
+
+def test_flags_given_always_win_over_the_chosen_defaults():
+    picks = chosen(["--minutes", "2", "--model", "mini", "--batch-tokens", "4096", "--seq-len", "32"],
+                   flops_per_s=2e10, on_gpu=False)
+    assert picks == {"vocab_size": 8192, "micro_batch": 32, "lr": 0.003}
+
+
+def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(cache, tmp_path, capsys):
+    train.main(["--data", "sample", "--cache", cache, "--vocab-size", "512", "--max-steps", "3",
+                "--eval-batches", "1", "--out", str(tmp_path)])
+    assert "defaults: chose model tiny" in capsys.readouterr().out
+    with open(tmp_path / "args.json") as f:
+        saved = json.load(f)
+    assert (saved["model"], saved["seq_len"], saved["batch_tokens"], saved["micro_batch"]) == ("tiny", 64, 1024, 16)
+
+
+def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
+    budget = train.Budget(train.parse_args(["--minutes", "2", "--max-tokens", "10000"]))
+    assert budget.left(step=5, tokens=9000, elapsed=30.0) == "1,000 tokens"
+    assert budget.left(step=5, tokens=100, elapsed=90.0) == "0.5 min"
+    assert train.Budget(train.parse_args(["--max-steps", "40"])).left(10, 0, 0.0) == "30 steps"
+
+
 # --- end to end -------------------------------------------------------------------------
 
 def test_end_to_end_run_learns_and_writes_every_output(cache, tmp_path):
@@ -116,6 +166,39 @@ def test_wall_clock_budget_stops_within_one_step(cache, tmp_path):
     step_time = max(b["elapsed"] - a["elapsed"] for a, b in zip(steps, steps[1:]))
     assert 3.0 <= summary["elapsed_s"] <= 3.0 + step_time + 0.5
     assert steps[-1]["progress"] < 1.0 and summary["status"] == "budget spent"
+
+
+def test_a_budget_shorter_than_one_step_ends_within_a_micro_batch(cache, tmp_path):
+    # One step of 2^20 tokens is 8192 micro-batches of 4 x 32 tokens (tens of seconds); the budget is 3 seconds.
+    summary = run(cache, tmp_path, "--minutes", "0.05", "--batch-tokens", str(2 ** 20), "--batch-ramp", "0",
+                  "--eval-every", "1")
+    assert summary["steps"] == 1 and 0 < summary["tokens"] < 2 ** 20
+    assert 3.0 <= summary["elapsed_s"] <= 3.0 + 0.5
+
+
+def test_a_step_cut_short_is_the_mean_over_the_micro_batches_it_has(cache, tmp_path):
+    """Unscaled, a step cut after a few of its 8192 micro-batches would carry ~1/1000 of a normal gradient."""
+    run(cache, tmp_path / "one", "--max-steps", "1", "--batch-tokens", "128")
+    run(cache, tmp_path / "cut", "--minutes", "0.03", "--batch-tokens", str(2 ** 20), "--batch-ramp", "0")
+    one, cut = ([r for r in read_log(tmp_path / name) if r["kind"] == "train"][0] for name in ("one", "cut"))
+    assert 128 < cut["batch_tokens"] < 2 ** 20
+    assert one["grad_norm"] / 3 < cut["grad_norm"] < one["grad_norm"] * 3
+    assert abs(cut["loss"] - one["loss"]) < 0.5
+
+
+def test_sigterm_during_a_long_step_saves_and_exits_within_seconds(cache, tmp_path):
+    proc = spawn(cache, tmp_path, "--max-steps", "5", "--batch-tokens", str(2 ** 22), "--batch-ramp", "0")
+    for line in proc.stdout:  # the loop starts right after the batch line
+        if line.startswith("global batch"):
+            break
+    time.sleep(2.0)
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert time.time() - sent < 5.0, "a preempted run must not finish a step that lasts minutes"
+    assert proc.returncode == 0 and "stopped by signal" in output
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]
+    assert state["step"] == 1 and 0 < state["tokens"] < 2 ** 22
 
 
 def test_token_budget_counts_all_tokens(cache, tmp_path):
@@ -191,7 +274,7 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(cache, tm
 @pytest.mark.parametrize("flags,message", [
     ([], "give a budget"),
     (["--hours", "-1"], "--hours must be positive"),
-    (["--max-steps", "3", "--model", "huge"], "--model must be one of"),
+    (["--max-steps", "3", "--model", "huge"], "--model must be auto or one of"),
     (["--max-steps", "3", "--schedule", "square"], "invalid choice: 'square'"),
     (["--max-steps", "3", "--batch-ramp", "1.5"], "--batch-ramp and --warmup must be in"),
 ])

@@ -1,0 +1,160 @@
+"""Which levers of the recipe matter in a short budget? One lever changed at a time, at equal wall clock.
+
+    python bench/bench_recipe.py                                  # bundled sample, 2-minute runs, 2 seeds
+    python bench/bench_recipe.py --data corpora/pydocs.jsonl.gz   # any corpus train.py accepts
+    python bench/bench_recipe.py --arms "default,positions=sinusoidal,lr=4e-3" --minutes 1
+
+Every run is train.py with the same --data, budget, seed and evaluation; the `default` arm adds nothing to
+--base-flags (empty: train.py's own defaults for this machine and budget), and every other arm changes one lever.
+The levers are the ones the literature says matter in a short budget: position scheme, peak learning rate,
+schedule shape, batch size and its ramp, sequence-length warm-up (Li et al. 2022), masking rate, model shape
+at about the same parameter count, and growth (grow.py). Runs go two at a time with one thread each, so a load
+spike from another process slows both lanes alike; the arms are interleaved by seed.
+
+For each arm it prints the final held-out loss (the same held-out batches, at the target sequence length) of every
+seed, their mean, and the difference to the default arm's mean; negative is better. Writes results.json.
+"""
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import data  # noqa: E402
+
+# One lever per arm: a name and the train.py flags it adds to the base flags.
+ARMS = {
+    "default": "",
+    "positions=sinusoidal": "--positions sinusoidal",   # cramming's scaled sinusoids
+    "positions=learned": "--positions learned",         # BERT's learned absolute positions
+    "positions=alibi": "--positions alibi",
+    "lr/4": "--lr {lr_quarter}",                          # the default's peak rate, divided or multiplied
+    "lr/2": "--lr {lr_half}",
+    "lr*2": "--lr {lr_double}",
+    "lr=1e-3": "--lr 1e-3",                             # cramming's rate for the base model, unscaled
+    "schedule=linear": "--schedule linear",             # 6% warm-up, then linearly to 0
+    "schedule=cosine": "--schedule cosine",
+    "schedule=one-cycle": "--schedule one-cycle",
+    "schedule=constant": "--schedule constant",         # no decay: what No Train No Gain warns against
+    "batch-ramp=off": "--batch-ramp 0",
+    "batch/4": "--batch-tokens {batch_quarter}",
+    "batch*4": "--batch-tokens {batch_times4}",
+    "seq-warmup": "--grow '0:seq={seq_quarter}; 0.2:seq={seq_half}; 0.4:seq={seq}'",
+    "mask-rate=0.15": "--mask-rate 0.15",                # BERT's rate
+    "mask-rate=0.40": "--mask-rate 0.4",                 # Wettig et al. 2023
+    "deeper-narrower": "--n-layers {layers_times2} --d-model {d_narrow} --ffn-dim {f_narrow}",
+    "grow=compound": "--grow compound",
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", default="sample", help="corpus for train.py --data")
+    p.add_argument("--minutes", type=float, default=2.0, help="wall-clock budget of every run, in minutes")
+    p.add_argument("--seeds", type=int, default=2, help="seeds per arm")
+    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (see ARMS in this file)")
+    p.add_argument("--base-flags", default="", help="train.py flags every arm starts from (default: none)")
+    p.add_argument("--out", default="runs/bench_recipe", help="folder for the runs and results.json")
+    p.add_argument("--cache", default="cache", help="train.py's data cache")
+    p.add_argument("--analyze-only", action="store_true", help="recompute the table from the runs in --out")
+    args = p.parse_args(argv)
+    unknown = [a for a in args.arms.split(",") if a not in ARMS]
+    if unknown:
+        p.error(f"--arms: unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)}")
+    if args.minutes <= 0 or args.seeds < 1:
+        p.error("--minutes must be positive and --seeds >= 1")
+    return args
+
+
+def read_final(folder):
+    """(final held-out loss, the resolved model config, the global batch in tokens) of a finished run."""
+    with open(os.path.join(folder, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(folder, "final", "config.json")) as f:
+        cfg = json.load(f)
+    return summary["final_val_loss"], cfg, summary
+
+
+def arm_flags(name, default_cfg, batch_tokens, lr):
+    """The arm's flags with the placeholders filled from the default run's resolved config, batch and rate."""
+    d, L, f, T = default_cfg["d_model"], default_cfg["n_layers"], default_cfg["ffn_dim"], default_cfg["max_seq_len"]
+    heads = default_cfg["n_heads"]
+    d_narrow = max(heads, round(d / 2 ** 0.5 / heads) * heads)  # about the same parameters at twice the depth
+    return ARMS[name].format(lr_quarter=f"{lr / 4:g}", lr_half=f"{lr / 2:g}", lr_double=f"{lr * 2:g}",
+                             batch_quarter=max(T, batch_tokens // 4), batch_times4=batch_tokens * 4,
+                             seq=T, seq_half=T // 2, seq_quarter=max(4, T // 4), layers_times2=2 * L,
+                             d_narrow=d_narrow, f_narrow=max(8, round(f * d_narrow / d)))
+
+
+def command(args, name, seed, flags):
+    out = os.path.join(args.out, f"{name}-seed{seed}")
+    for stale in ("checkpoint.pt", "log.jsonl", "summary.json"):
+        if os.path.exists(os.path.join(out, stale)):
+            os.remove(os.path.join(out, stale))
+    return out, [sys.executable, os.path.join(ROOT, "train.py"), "--data", args.data, "--cache", args.cache,
+                 *shlex.split(args.base_flags), *shlex.split(flags), "--minutes", str(args.minutes),
+                 "--seed", str(seed), "--eval-every", "0.1", "--eval-batches", "16", "--log-every", "50",
+                 "--checkpoint-minutes", "1000", "--out", out]
+
+
+def run_lanes(jobs):
+    """Run (out, cmd) jobs two at a time, one thread each; output to a file (a full pipe would block a run)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    for i in range(0, len(jobs), 2):
+        procs = []
+        for out, cmd in jobs[i:i + 2]:
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, "train_output.txt"), "w") as log:
+                procs.append((out, cmd, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
+                                                         stderr=subprocess.STDOUT)))
+        for out, cmd, proc in procs:
+            if proc.wait():
+                with open(os.path.join(out, "train_output.txt")) as f:
+                    raise SystemExit(f"bench_recipe.py: train.py failed ({shlex.join(cmd)}):\n{f.read()[-2000:]}")
+        print(f"  {', '.join(os.path.basename(o) for o, _ in jobs[i:i + 2])} done", flush=True)
+
+
+def table(results, names):
+    """Rows of (arm, per-seed losses, mean, mean - default mean)."""
+    base = statistics.mean(results["default"])
+    return [(n, results[n], statistics.mean(results[n]), statistics.mean(results[n]) - base) for n in names]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    names = ["default"] + [a for a in args.arms.split(",") if a != "default"]
+    os.makedirs(args.out, exist_ok=True)
+    print(f"{len(names)} arms x {args.seeds} seeds x {args.minutes} min on {args.data}; base flags: "
+          f"{args.base_flags or '(train.py defaults)'}", flush=True)
+    start = time.time()
+    if not args.analyze_only:  # the default arm first: the others' flags are sized from its resolved config
+        run_lanes([command(args, "default", s, "") for s in range(args.seeds)])
+    _, default_cfg, default_summary = read_final(os.path.join(args.out, "default-seed0"))
+    with open(os.path.join(args.out, "default-seed0", "args.json")) as f:
+        resolved = json.load(f)  # train.py saves the defaults it chose
+    flags = {n: arm_flags(n, default_cfg, resolved["batch_tokens"], resolved["lr"]) for n in names}
+    if not args.analyze_only:
+        run_lanes([command(args, n, s, flags[n]) for s in range(args.seeds) for n in names if n != "default"])
+    results = {n: [read_final(os.path.join(args.out, f"{n}-seed{s}"))[0] for s in range(args.seeds)]
+               for n in names}
+    rows = table(results, names)
+    print(f"\nfinal held-out loss after {args.minutes} min ({time.time() - start:.0f} s in all)")
+    print(f"{'arm':<22} | {'flags':<58} | {'seeds':<15} | {'mean':>6} | {'vs default':>10}")
+    for n, losses, mean, delta in rows:
+        print(f"{n:<22} | {flags[n][:58]:<58} | {' '.join(f'{x:.3f}' for x in losses):<15} | {mean:6.3f} | "
+              f"{delta:+10.3f}")
+    result = {"args": vars(args), "flags": flags, "default_config": default_cfg,
+              "arms": [{"arm": n, "losses": l, "mean": m, "delta": d} for n, l, m, d in rows]}
+    path = os.path.join(args.out, "results.json")
+    data.atomic_write(path, lambda f: f.write(json.dumps(result, indent=1).encode()))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -161,8 +161,8 @@ def model_config(args, vocab_size):
 
 AUTO_PRESETS = ("tiny", "mini", "small", "base")  # "large" only when asked for: a GPU day buys cramming's base
 PRESET_VOCAB = {"tiny": 512, "mini": 8192, "small": 16384, "base": 32768, "large": 32768}
-CPU_FLOPS_PER_THREAD = 1e10  # training FLOP/s of one core on small models (fp32; measured 10-15 G on this project's CI)
-STEPS_WANTED = 2000  # on 2 CPU cores the plateau is left after ~300-500 steps: leave most of the budget after it
+CPU_FLOPS_PER_THREAD = 1.5e10  # training FLOP/s of one core, fp32: 15-20 G measured on the tiny models here
+STEPS_WANTED = 1000  # measured (README, the recipe): fewer, larger steps lose; more, smaller ones too
 CRAMMING_BATCH = 8192 * 128
 
 
@@ -220,7 +220,7 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
         chosen["lr"] = round(1e-3 * 768 / model_config(resolved, resolved.vocab_size)["d_model"], 6)
     words = [f"{k.replace('_', '-')} {v:,}" if isinstance(v, int) else f"{k.replace('_', '-')} {v:g}"
              if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items()]
-    why = (f"for {basis}" + (f" (compute-optimal N* = {n_star / 1e6:.2g} M params)" if n_star else "")
+    why = (f"for {basis}" + (f" (compute-optimal N* = {n_star / 1e6:,.3g} M params)" if n_star else "")
            + (f", ~{tokens / chosen['batch_tokens']:,.0f} steps of the ~{tokens:,.0f} tokens it should buy"
               if tokens else ""))
     return chosen, (f"chose {', '.join(words)} {why}" if chosen else "")
@@ -348,7 +348,8 @@ def append_log(path, record):
         f.write(json.dumps(record) + "\n")
 
 
-SAMPLE_TEXT = {"mlm": "To be, or not to [MASK], that is the [MASK].", "clm": "To be, or not to be, that is"}
+SAMPLE_TEXT = {"mlm": "To be, or not to [MASK], that is the question. I [MASK] you, my lord.",
+               "clm": "To be, or not to be, that is"}
 
 
 def show_samples(net, enc, args):
@@ -488,7 +489,11 @@ def train(args):
     device, rank, world = setup_device(args.device)
     dtype = autocast_dtype(args.dtype, device)
     say = print if rank == 0 else (lambda *a, **k: None)
-    chosen, why = choose_defaults(args, sustained_flops(device, gpu_peak_flops(device)), world, device.type == "cuda")
+    try:
+        chosen, why = choose_defaults(args, sustained_flops(device, gpu_peak_flops(device)), world,
+                                      device.type == "cuda")
+    except ValueError as e:  # a shape flag that makes no valid model, e.g. an odd head size with rotary
+        raise SystemExit(f"error: {e}") from None
     vars(args).update(chosen)  # resolved before args.json is written, so --resume reuses the same choice
     if why:
         say(f"defaults: {why} (flags given on the command line always win)")
@@ -540,6 +545,12 @@ def train(args):
     seq_len = now_cfg["max_seq_len"]
     flops_tok = model.flops_per_token(now_cfg, seq_len)
     peak = gpu_peak_flops(device)
+    if not ckpt:  # where the curve starts (about ln V nats); a measurement, so before the clock starts
+        val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
+        if rank == 0:
+            append_log(log_path, {"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0,
+                                  "progress": 0.0, "val_loss": val})
+        say(f"held-out loss before training: {val:.3f}")
     budget = Budget(args, state["elapsed"])
     say(json.dumps({"model": now_cfg}, indent=None))
     say(f"device {device} ({str(dtype).replace('torch.', '')}), {world} process(es); "

@@ -1,7 +1,7 @@
 """Mini-cram, side by side: our recipe (train.py) against Hugging Face BERT with a tuned learning rate, each given
 the same wall clock on the same data.
 
-    python bench/bench_cram.py                                   # sample corpus, 4 x 256, 3 CPU minutes per run
+    python bench/bench_cram.py                                   # sample corpus, 4 x 128, 3 CPU minutes per run
     python bench/bench_cram.py --minutes 10 --seeds 3 --out runs/bench_cram
     python bench/bench_cram.py --data corpus.jsonl --ours-flags "--lr 2e-3 --schedule one-cycle"
     python bench/bench_cram.py --analyze-only --out runs/bench_cram          # re-print results.json, redraw curves
@@ -28,8 +28,8 @@ Why it is fair (a comparison counts only if the baseline had a fair chance):
     Like train.py, HF checks the clock before every micro-batch, so neither runs past the deadline by more than
     one micro-batch.
   - size: --ffn-dim is HF's intermediate width. Our gated FFN (geglu) has 3 d f weights against HF's 2 d I, so
-    ours gets f = 2 I / 3 rounded to a multiple of 32 (I = 1024 -> f = 672): 5.2 M parameters against HF's
-    5.4 M at the default shape (model.count_params; HF additionally has biases, a learned position table and
+    ours gets f = 2 I / 3 rounded to a multiple of 32 (I = 512 -> f = 352): 1.33 M parameters against HF's
+    1.36 M at the default shape (model.count_params; HF additionally has biases, a learned position table and
     an MLM transform). Give --ours-flags "--ffn-dim N" to choose ours yourself.
   - machine: runs execute one at a time in one process, alternating per seed (ours, HF lr 1, HF lr 2, ...),
     on the same device and autocast dtype and the same torch thread count (--threads). Load from other
@@ -474,18 +474,18 @@ def parse_args(argv=None):
     p.add_argument("--minutes", type=float, default=3.0, help="wall-clock budget of every run (default: 3)")
     # Shape, shared by both models
     p.add_argument("--n-layers", type=int, default=4, help="layers (default: 4)")
-    p.add_argument("--d-model", type=int, default=256, help="hidden size (default: 256)")
+    p.add_argument("--d-model", type=int, default=128, help="hidden size (default: 128)")
     p.add_argument("--n-heads", type=int, default=4, help="attention heads (default: 4)")
-    p.add_argument("--ffn-dim", type=int, default=1024, help="HF's intermediate size (default: 1024 = 4 d); ours "
+    p.add_argument("--ffn-dim", type=int, default=512, help="HF's intermediate size (default: 512 = 4 d); ours "
                    "gets the same weights: 2/3 of it for a gated FFN, rounded to a multiple of 32")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default: 128)")
-    p.add_argument("--vocab-size", type=int, default=8192, help="tokenizer vocabulary (default: 8192)")
+    p.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary (default: 4096)")
     # Batch and evaluation, shared by both models
-    p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per optimizer step (default: 16384)")
+    p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per optimizer step (default: 4096)")
     p.add_argument("--micro-batch", type=int, default=32, help="sequences per forward pass (default: 32)")
     p.add_argument("--eval-batches", type=int, default=10, help="held-out batches per evaluation (default: 10)")
     # The runs
-    p.add_argument("--hf-lrs", default="1e-4,3e-4,1e-3,2e-3", help="HF peak learning rates, one run each")
+    p.add_argument("--hf-lrs", default="1e-4,3e-4,1e-3,2e-3,4e-3", help="HF peak learning rates, one run each")
     p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1, each runs ours and every HF lr (default: 1)")
     p.add_argument("--ours-flags", default="", help="extra train.py flags as one string, e.g. \"--lr 2e-3\" "
                    "(default: none, train.py's recipe)")
@@ -514,8 +514,7 @@ def main(argv=None):
     results["analysis"] = analyze(results["runs"])
     report(results)
     os.makedirs(args.out, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
+    data.atomic_write(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
     png = plot(results, os.path.join(args.out, "curves.png"))
     print(f"wrote {path}" + (f" and {png}" if png else " (pip install matplotlib for curves.png)"))
     return results
@@ -550,6 +549,8 @@ def run_all(args):
                 "hf_recipe": {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "clip": 1.0,
                               "warmup": HF_WARMUP, "schedule": "linear to 0 at the deadline", "dropout": 0.0}}
     results = {"settings": settings, "runs": runs}
+    os.makedirs(args.out, exist_ok=True)  # saved now, so a failure in the downstream check loses no run
+    data.atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))
     if not args.no_downstream:
         print("\n=== downstream: which play is this line from? ===")
         results["downstream"] = downstream(os.path.join(runs[0]["out"], "final"), os.path.join(args.out, "downstream"),

@@ -11,8 +11,9 @@ schedule shape, batch size and its ramp, sequence-length warm-up (Li et al. 2022
 at about the same parameter count, and growth (grow.py). Runs go two at a time with one thread each, so a load
 spike from another process slows both lanes alike; the arms are interleaved by seed.
 
-For each arm it prints the final held-out loss (the same held-out batches, at the target sequence length) of every
-seed, their mean, and the difference to the default arm's mean; negative is better. Writes results.json.
+For each arm it prints the final held-out loss (the same held-out batches, at the target sequence length, with 25%
+of the tokens masked whatever the arm trained with) of every seed, their mean, and the difference to the default
+arm's mean; negative is better. Writes results.json.
 """
 import argparse
 import json
@@ -63,6 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default="runs/bench_recipe", help="folder for the runs and results.json")
     p.add_argument("--cache", default="cache", help="train.py's data cache")
     p.add_argument("--analyze-only", action="store_true", help="recompute the table from the runs in --out")
+    p.add_argument("--reuse", action="store_true", help="keep the finished runs already in --out, run the rest")
     args = p.parse_args(argv)
     unknown = [a for a in args.arms.split(",") if a not in ARMS]
     if unknown:
@@ -81,11 +83,30 @@ def read_final(folder):
     return summary["final_val_loss"], cfg, summary
 
 
+def loss_at_common_masking(folder, cache, mask_rate=0.25, batches=16):
+    """Held-out loss of a run's final model with mask_rate of the tokens masked, on train.evaluate's batches.
+    A run reports its loss at its own masking rate, and those are not comparable: fewer masks leave more
+    context to each prediction. For a run trained at mask_rate this reproduces its reported loss."""
+    import torch
+    import model
+    with open(os.path.join(folder, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(folder, "args.json")) as f:
+        micro_batch = json.load(f)["micro_batch"]
+    meta = data.load_meta(os.path.join(cache, summary["comparable"]["data"]))
+    net = model.load_model(os.path.join(folder, "final")).eval()
+    loader = data.make_loader(meta, "val", "mlm", seed=1234, mask_rate=mask_rate, prefetch=False)
+    with torch.no_grad():
+        return sum(net(**loader.next_batch(micro_batch, summary["comparable"]["seq_len"]))["loss"].item()
+                   for _ in range(batches)) / batches
+
+
 def arm_flags(name, default_cfg, batch_tokens, lr):
     """The arm's flags with the placeholders filled from the default run's resolved config, batch and rate."""
     d, L, f, T = default_cfg["d_model"], default_cfg["n_layers"], default_cfg["ffn_dim"], default_cfg["max_seq_len"]
     heads = default_cfg["n_heads"]
-    d_narrow = max(heads, round(d / 2 ** 0.5 / heads) * heads)  # about the same parameters at twice the depth
+    step = 2 * heads  # an even head size, which rotary positions need
+    d_narrow = max(step, round(d / 2 ** 0.5 / step) * step)  # about the same parameters at twice the depth
     return ARMS[name].format(lr_quarter=f"{lr / 4:g}", lr_half=f"{lr / 2:g}", lr_double=f"{lr * 2:g}",
                              batch_quarter=max(T, batch_tokens // 4), batch_times4=batch_tokens * 4,
                              seq=T, seq_half=T // 2, seq_quarter=max(4, T // 4), layers_times2=2 * L,
@@ -94,6 +115,8 @@ def arm_flags(name, default_cfg, batch_tokens, lr):
 
 def command(args, name, seed, flags):
     out = os.path.join(args.out, f"{name}-seed{seed}")
+    if args.reuse and os.path.exists(os.path.join(out, "summary.json")):
+        return None
     for stale in ("checkpoint.pt", "log.jsonl", "summary.json"):
         if os.path.exists(os.path.join(out, stale)):
             os.remove(os.path.join(out, stale))
@@ -103,8 +126,10 @@ def command(args, name, seed, flags):
                  "--checkpoint-minutes", "1000", "--out", out]
 
 
-def run_lanes(jobs):
-    """Run (out, cmd) jobs two at a time, one thread each; output to a file (a full pipe would block a run)."""
+def run_lanes(jobs, out_root):
+    """Run (out, cmd) jobs two at a time, one thread each; output to a file (a full pipe would block a run).
+    None stands for a finished run kept by --reuse."""
+    jobs = [j for j in jobs if j is not None]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     for i in range(0, len(jobs), 2):
         procs = []
@@ -115,9 +140,11 @@ def run_lanes(jobs):
                                                          stderr=subprocess.STDOUT)))
         for out, cmd, proc in procs:
             if proc.wait():
+                for _, _, other in procs:  # an orphaned lane would load the machine under the next benchmark
+                    other.kill()
                 with open(os.path.join(out, "train_output.txt")) as f:
                     raise SystemExit(f"bench_recipe.py: train.py failed ({shlex.join(cmd)}):\n{f.read()[-2000:]}")
-        print(f"  {', '.join(os.path.basename(o) for o, _ in jobs[i:i + 2])} done", flush=True)
+        print(f"  {', '.join(os.path.relpath(o, out_root) for o, _ in jobs[i:i + 2])} done", flush=True)
 
 
 def table(results, names):
@@ -134,23 +161,26 @@ def main(argv=None):
           f"{args.base_flags or '(train.py defaults)'}", flush=True)
     start = time.time()
     if not args.analyze_only:  # the default arm first: the others' flags are sized from its resolved config
-        run_lanes([command(args, "default", s, "") for s in range(args.seeds)])
+        run_lanes([command(args, "default", s, "") for s in range(args.seeds)], args.out)
     _, default_cfg, default_summary = read_final(os.path.join(args.out, "default-seed0"))
     with open(os.path.join(args.out, "default-seed0", "args.json")) as f:
         resolved = json.load(f)  # train.py saves the defaults it chose
     flags = {n: arm_flags(n, default_cfg, resolved["batch_tokens"], resolved["lr"]) for n in names}
     if not args.analyze_only:
-        run_lanes([command(args, n, s, flags[n]) for s in range(args.seeds) for n in names if n != "default"])
-    results = {n: [read_final(os.path.join(args.out, f"{n}-seed{s}"))[0] for s in range(args.seeds)]
-               for n in names}
+        run_lanes([command(args, n, s, flags[n]) for s in range(args.seeds) for n in names if n != "default"],
+                  args.out)
+    own = {n: [read_final(os.path.join(args.out, f"{n}-seed{s}"))[0] for s in range(args.seeds)] for n in names}
+    results = {n: [loss_at_common_masking(os.path.join(args.out, f"{n}-seed{s}"), args.cache)
+                   for s in range(args.seeds)] for n in names}
     rows = table(results, names)
-    print(f"\nfinal held-out loss after {args.minutes} min ({time.time() - start:.0f} s in all)")
-    print(f"{'arm':<22} | {'flags':<58} | {'seeds':<15} | {'mean':>6} | {'vs default':>10}")
+    print(f"\nfinal held-out loss after {args.minutes} min at 25% masking ({time.time() - start:.0f} s in all)")
+    print(f"{'arm':<22} | {'flags':<58} | {'seeds':<15} | {'mean':>6} | {'vs default':>10} | own masking rate")
     for n, losses, mean, delta in rows:
         print(f"{n:<22} | {flags[n][:58]:<58} | {' '.join(f'{x:.3f}' for x in losses):<15} | {mean:6.3f} | "
-              f"{delta:+10.3f}")
+              f"{delta:+10.3f} | {statistics.mean(own[n]):.3f}")
     result = {"args": vars(args), "flags": flags, "default_config": default_cfg,
-              "arms": [{"arm": n, "losses": l, "mean": m, "delta": d} for n, l, m, d in rows]}
+              "arms": [{"arm": n, "losses": l, "mean": m, "delta": d, "losses_at_own_mask_rate": own[n]}
+                       for n, l, m, d in rows]}
     path = os.path.join(args.out, "results.json")
     data.atomic_write(path, lambda f: f.write(json.dumps(result, indent=1).encode()))
     print(f"wrote {path}")

@@ -1,4 +1,4 @@
-"""Specification of the benchmarks bench/bench_model.py and bench/bench_cram.py: python -m pytest -q tests/test_bench.py
+"""Specification of the benchmarks bench/bench_model.py, bench_cram.py and bench_recipe.py: python -m pytest -q tests/test_bench.py
 
 The numbers they print depend on the machine. For bench_model (throughput, MFU) what is checked is that it runs,
 times the same work for both models, and turns a throughput into MFU with model.py's FLOP count. For bench_cram
@@ -234,3 +234,26 @@ def test_downstream_fine_tunes_the_pretrained_and_a_random_init_copy(bench_cram,
     assert init.config == trained.config
     assert not torch.equal(init.tok_emb.weight, trained.tok_emb.weight)
     assert os.path.isfile(tmp_path / "random_init" / "tokenizer.json")
+
+
+# --- bench_recipe: one lever per arm ---------------------------------------------------
+
+@pytest.fixture
+def bench_recipe():
+    spec = importlib.util.spec_from_file_location("bench_recipe", os.path.join(ROOT, "bench", "bench_recipe.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recipe_arms_are_sized_from_the_default_run_and_keep_head_sizes_even(bench_recipe):
+    cfg = {"d_model": 64, "n_layers": 2, "ffn_dim": 128, "max_seq_len": 64, "n_heads": 4}
+    flags = {name: bench_recipe.arm_flags(name, cfg, 1024, 0.012) for name in bench_recipe.ARMS}
+    assert flags["default"] == "" and flags["lr/2"] == "--lr 0.006" and flags["batch*4"] == "--batch-tokens 4096"
+    assert flags["seq-warmup"] == "--grow '0:seq=16; 0.2:seq=32; 0.4:seq=64'"
+    assert flags["deeper-narrower"] == "--n-layers 4 --d-model 48 --ffn-dim 96"   # head size 12: even
+
+
+def test_recipe_table_reports_each_arm_against_the_default_mean(bench_recipe):
+    rows = bench_recipe.table({"default": [3.0, 3.2], "lr/2": [2.9, 3.1]}, ["default", "lr/2"])
+    assert rows[1][0] == "lr/2" and abs(rows[1][2] - 3.0) < 1e-12 and abs(rows[1][3] + 0.1) < 1e-12

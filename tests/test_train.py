@@ -81,7 +81,7 @@ def chosen(argv, flops_per_s, on_gpu):
 
 def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
     picks = chosen(["--minutes", "2"], flops_per_s=2e10, on_gpu=False)
-    assert picks == {"model": "tiny", "vocab_size": 512, "seq_len": 64, "batch_tokens": 1024, "micro_batch": 16,
+    assert picks == {"model": "tiny", "vocab_size": 512, "seq_len": 64, "batch_tokens": 2048, "micro_batch": 32,
                      "lr": 0.012}
 
 
@@ -96,9 +96,9 @@ def test_the_chosen_model_grows_with_the_budget():
     assert names == ["mini", "small", "base"]
 
 
-def test_a_token_budget_sizes_the_batch_for_about_2000_steps():
+def test_a_token_budget_sizes_the_batch_for_about_1000_steps():
     picks = chosen(["--max-tokens", "8e6"], flops_per_s=2e10, on_gpu=False)
-    assert picks["batch_tokens"] == 2048 and 8e6 / picks["batch_tokens"] >= 2000
+    assert picks["batch_tokens"] == 4096 and 1000 <= 8e6 / picks["batch_tokens"] < 2000
 
 
 def test_flags_given_always_win_over_the_chosen_defaults():
@@ -113,7 +113,7 @@ def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(cache, tm
     assert "defaults: chose model tiny" in capsys.readouterr().out
     with open(tmp_path / "args.json") as f:
         saved = json.load(f)
-    assert (saved["model"], saved["seq_len"], saved["batch_tokens"], saved["micro_batch"]) == ("tiny", 64, 1024, 16)
+    assert (saved["model"], saved["seq_len"], saved["micro_batch"]) == ("tiny", 64, 16)   # a step budget
 
 
 def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
@@ -128,6 +128,8 @@ def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
 def test_end_to_end_run_learns_and_writes_every_output(cache, tmp_path):
     summary = run(cache, tmp_path, "--max-steps", "60", "--lr", "3e-3")
     evals = [r["val_loss"] for r in read_log(tmp_path) if r["kind"] == "eval"]
+    assert read_log(tmp_path)[0] == {"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0,
+                                     "progress": 0.0, "val_loss": evals[0]}   # the untrained model, off the clock
     assert len(evals) >= 10 and evals[-1] < evals[0] - 0.5      # held-out loss falls by > 0.5 nats
     assert summary["steps"] == 60 and summary["final_val_loss"] == evals[-1]
     assert json.load(open(tmp_path / "summary.json"))["steps"] == 60
@@ -201,6 +203,15 @@ def test_sigterm_during_a_long_step_saves_and_exits_within_seconds(cache, tmp_pa
     assert state["step"] == 1 and 0 < state["tokens"] < 2 ** 22
 
 
+def test_sequence_length_warm_up_shows_in_the_log_at_equal_tokens_per_step(cache, tmp_path):
+    run(cache, tmp_path, "--max-steps", "10", "--batch-ramp", "0", "--grow", "0:seq=16; 0.5:seq=32")
+    log = read_log(tmp_path)
+    grows = [r for r in log if r["kind"] == "grow"]
+    assert len(grows) == 1 and grows[0]["step"] == 5
+    assert grows[0]["from"].endswith("T16") and grows[0]["to"].endswith("T32")
+    assert {r["batch_tokens"] for r in log if r["kind"] == "train"} == {256}   # 4 x 16 tokens x 4 micro-batches, then 4 x 32 x 2
+
+
 def test_token_budget_counts_all_tokens(cache, tmp_path):
     summary = run(cache, tmp_path, "--max-tokens", "2560", "--batch-ramp", "0")
     assert summary["tokens"] == 2560 and summary["steps"] == 10
@@ -226,8 +237,8 @@ def test_run_killed_and_resumed_ends_with_the_same_weights(cache, tmp_path):
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(cache, tmp_path):
     proc = spawn(cache, tmp_path, "--max-steps", "100000", "--eval-every", "1")
-    log = tmp_path / "log.jsonl"
-    while not (log.exists() and log.stat().st_size > 0) and proc.poll() is None:
+    log = tmp_path / "log.jsonl"   # its first line is the untrained evaluation: wait for a training step
+    while not (log.exists() and '"train"' in log.read_text()) and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=60)

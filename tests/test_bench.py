@@ -19,12 +19,17 @@ import model
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def bench_model():
-    spec = importlib.util.spec_from_file_location("bench_model", os.path.join(ROOT, "bench", "bench_model.py"))
+def load_bench(name):
+    """A bench/ script as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "bench", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def bench_model():
+    return load_bench("bench_model")
 
 
 def run_bench(bench_model, monkeypatch, tmp_path, *flags):
@@ -80,10 +85,7 @@ TINY_BENCH = ["--data", "sample", "--vocab-size", "512", "--n-layers", "1", "--d
 
 @pytest.fixture(scope="module")
 def bench_cram():
-    spec = importlib.util.spec_from_file_location("bench_cram", os.path.join(ROOT, "bench", "bench_cram.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_cram")
 
 
 @pytest.fixture(scope="module")
@@ -240,10 +242,7 @@ def test_downstream_fine_tunes_the_pretrained_and_a_random_init_copy(bench_cram,
 
 @pytest.fixture
 def bench_recipe():
-    spec = importlib.util.spec_from_file_location("bench_recipe", os.path.join(ROOT, "bench", "bench_recipe.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_recipe")
 
 
 def test_recipe_arms_are_sized_from_the_default_run_and_keep_head_sizes_even(bench_recipe):

@@ -205,9 +205,8 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
     if args.seq_len is None:
         chosen["seq_len"] = model.make_config(name)["max_seq_len"]
     resolved = argparse.Namespace(**{**vars(args), **chosen})
-    seq, tokens = resolved.seq_len, None
+    seq, tokens, cfg = resolved.seq_len, None, model_config(resolved, resolved.vocab_size)
     if args.batch_tokens is None:
-        cfg = model_config(resolved, resolved.vocab_size)
         estimates = [compute / model.flops_per_token(cfg, seq) if compute else None, args.max_tokens]
         tokens = min([t for t in estimates if t], default=None)
         batch = (2 ** int(math.log2(max(1.0, tokens / STEPS_WANTED))) if tokens
@@ -217,7 +216,7 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
         batch_tokens = chosen.get("batch_tokens", args.batch_tokens)
         chosen["micro_batch"] = max(1, min(128 if on_gpu else 32, batch_tokens // (seq * world)))
     if args.lr is None:  # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: README
-        chosen["lr"] = round(1e-3 * 768 / model_config(resolved, resolved.vocab_size)["d_model"], 6)
+        chosen["lr"] = round(1e-3 * 768 / cfg["d_model"], 6)
     words = [f"{k.replace('_', '-')} {v:,}" if isinstance(v, int) else f"{k.replace('_', '-')} {v:g}"
              if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items()]
     why = (f"for {basis}" + (f" (compute-optimal N* = {n_star / 1e6:,.3g} M params)" if n_star else "")
@@ -467,22 +466,23 @@ class Budget:
     def elapsed(self):
         return time.time() - self.start
 
-    def left(self, step, tokens, elapsed):
-        """What is left of the budget that ends first, in its own unit: '1.5 min', '3,072 tokens', '12 steps'."""
-        parts = {}
+    def parts(self, step, tokens, elapsed):
+        """(fraction used, what is left in its own unit) of every budget that was given."""
+        parts = []
         if self.seconds:
-            parts[elapsed / self.seconds] = f"{max(0.0, self.seconds - elapsed) / 60:.1f} min"
+            parts.append((elapsed / self.seconds, f"{max(0.0, self.seconds - elapsed) / 60:.1f} min"))
         if self.max_steps:
-            parts[step / self.max_steps] = f"{max(0, self.max_steps - step):,} steps"
+            parts.append((step / self.max_steps, f"{max(0, self.max_steps - step):,} steps"))
         if self.max_tokens:
-            parts[tokens / self.max_tokens] = f"{max(0, int(self.max_tokens - tokens)):,} tokens"
-        return parts[max(parts)]
+            parts.append((tokens / self.max_tokens, f"{max(0, int(self.max_tokens - tokens)):,} tokens"))
+        return parts
+
+    def left(self, step, tokens, elapsed):
+        """What is left of the budget that ends first: '1.5 min', '3,072 tokens' or '12 steps'."""
+        return max(self.parts(step, tokens, elapsed))[1]
 
     def progress(self, step, tokens, elapsed):
-        parts = [elapsed / self.seconds if self.seconds else 0.0,
-                 step / self.max_steps if self.max_steps else 0.0,
-                 tokens / self.max_tokens if self.max_tokens else 0.0]
-        return min(1.0, max(parts))
+        return min(1.0, max(fraction for fraction, _ in self.parts(step, tokens, elapsed)))
 
 
 def train(args):
@@ -576,9 +576,10 @@ def train(args):
     estimate_printed, first_step, t_started, tokens_started = bool(ckpt), state["step"] + 1, None, None
     status = "budget spent"
 
-    def progress_now():
-        """(progress, elapsed, stop): the same on every rank, or ranks would stop or grow at different steps."""
-        elapsed, stop = budget.elapsed(), float(bool(stop_signal))
+    def progress_now(margin=0.0):
+        """(progress, elapsed, stop) with margin seconds added to the clock: the same on every rank, or ranks
+        would stop, grow or cut a step at different points."""
+        elapsed, stop = budget.elapsed() + margin, float(bool(stop_signal))
         if world > 1:  # the slowest clock and any rank's signal count for all
             t = torch.tensor([elapsed, stop], dtype=torch.float64, device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -586,14 +587,9 @@ def train(args):
         return budget.progress(state["step"], state["tokens"], elapsed), elapsed, stop > 0
 
     def stop_is_near(micro_seconds):
-        """True when one more micro-batch would end past the wall-clock deadline, or a stop signal came; the
-        same answer on every rank, since all ranks must cut the step at the same micro-batch."""
-        late = bool(budget.seconds) and budget.elapsed() + micro_seconds > budget.seconds
-        if world == 1:
-            return late or bool(stop_signal)
-        flags = torch.tensor([float(late), float(bool(stop_signal))], dtype=torch.float64, device=device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags.max() > 0)
+        """True when one more micro-batch would end past the deadline, or a stop signal came."""
+        progress_after, _, stop = progress_now(micro_seconds)
+        return progress_after >= 1.0 or stop
 
     def checkpoint():
         if rank == 0:

@@ -35,6 +35,7 @@ import math
 import multiprocessing
 import os
 import shutil
+import signal
 import struct
 import sys
 import time
@@ -466,6 +467,8 @@ def prepare_data(data="sample", cache_dir="cache", vocab_size=32768, tokenizer="
     path. The val split stops growing at max_val_tokens. The result is cached under a key of all settings and
     the files' sizes and mtimes: the same settings again return it ("reused": True). The folder appears by one
     atomic rename, so a failed run leaves no partial shard or tokenizer."""
+    _check_settings(cache_dir, vocab_size, val_fraction, max_val_tokens, tokenizer_chars, fineweb_shards, max_tokens,
+                    max_tokens_per_char, workers)
     name, files, identity = _resolve(data, cache_dir, fineweb_shards, max_tokens, fineweb_url, progress)
     clean_kwargs = dict(normalize=normalize, lowercase=lowercase, strip_accents=strip_accents)
     tok_id = tokenizer if tokenizer in ("train", "gpt2", "cl100k_base") else \
@@ -478,6 +481,7 @@ def prepare_data(data="sample", cache_dir="cache", vocab_size=32768, tokenizer="
     out = os.path.join(cache_dir, f"{name}-{key}")
     if os.path.exists(os.path.join(out, "meta.json")):
         return {**load_meta(out), "reused": True}
+    _remove_stale_temps(out)
     tmp = f"{out}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -493,11 +497,52 @@ def prepare_data(data="sample", cache_dir="cache", vocab_size=32768, tokenizer="
     return {**load_meta(out), "reused": False}
 
 
+def _check_settings(cache_dir, vocab_size, val_fraction, max_val_tokens, tokenizer_chars, fineweb_shards,
+                    max_tokens, max_tokens_per_char, workers):
+    """One-line errors (ValueError) for settings that would prepare nothing useful, before any work."""
+    rules = [("vocab_size", vocab_size, vocab_size >= 64, ">= 64"),
+             ("val_fraction", val_fraction, 0 < val_fraction <= 0.5, "in (0, 0.5]: training needs a held-out split"),
+             ("max_val_tokens", max_val_tokens, max_val_tokens >= 1, ">= 1"),
+             ("tokenizer_chars", tokenizer_chars, tokenizer_chars >= 1, ">= 1"),
+             ("fineweb_shards", fineweb_shards, fineweb_shards is None or fineweb_shards >= 1, ">= 1"),
+             ("max_tokens", max_tokens, max_tokens is None or max_tokens > 0, "> 0"),
+             ("max_tokens_per_char", max_tokens_per_char, max_tokens_per_char is None or max_tokens_per_char > 0, "> 0"),
+             ("workers", workers, workers is None or workers >= 1, ">= 1")]
+    for name, value, ok, rule in rules:
+        if not ok:
+            raise ValueError(f"--{name.replace('_', '-')} must be {rule} (got {value!r})")
+    if os.path.isfile(cache_dir):
+        raise ValueError(f"{cache_dir} is a file; the cache must be a folder")
+
+
+def _remove_stale_temps(out):
+    """Delete OUT.<pid>.tmp folders left by preparations that were killed (their process is gone)."""
+    folder, prefix = os.path.dirname(out) or ".", os.path.basename(out) + "."
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        pid = name[len(prefix):-len(".tmp")]
+        if name.startswith(prefix) and name.endswith(".tmp") and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
 def _prepare_into(tmp, files, data, settings, tokenizer, workers, progress):
     """Tokenizer + shards + meta.json into the folder tmp."""
     if tokenizer == "train":
         enc = train_tokenizer(_training_texts(files, settings["clean"], settings["tokenizer_chars"]),
                               settings["vocab_size"])
+        if enc.n_vocab < round_up(settings["vocab_size"], 64):
+            print(f"note: the tokenizer learned {enc.n_vocab} tokens, fewer than the {settings['vocab_size']} asked "
+                  f"for: {settings['tokenizer_chars']:,} characters of this corpus hold no more merges (raise "
+                  "--tokenizer-chars, or give a bigger corpus)", file=sys.stderr)
     else:
         enc = stock_tokenizer(tokenizer) if tokenizer in ("gpt2", "cl100k_base") else load_tokenizer(tokenizer)
     save_tokenizer(enc, os.path.join(tmp, "tokenizer.json"))
@@ -752,7 +797,8 @@ def make_loader(meta, split="train", objective="mlm", seed=0, rank=None, world_s
 # ----------------------------------------------------------------------------------------------------------
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Prepare a corpus: clean, train a tokenizer, write token shards.")
+    p = argparse.ArgumentParser(prog="data.py", description="Prepare a corpus: clean, train a tokenizer, write token "
+                                "shards.", usage="%(prog)s --data DATA [--out CACHE] [flags]  (--help lists them)")
     # Data
     p.add_argument("--data", default="sample", help="'sample' (bundled Shakespeare), 'fineweb' (download) or a "
                    "file/folder of .txt/.jsonl/.jsonl.gz/.parquet")
@@ -777,10 +823,19 @@ def main(argv=None):
     p.add_argument("--val-fraction", type=float, default=0.05, help="fraction of documents for validation")
     p.add_argument("--max-val-tokens", type=int, default=10_000_000, help="cap on validation tokens")
     p.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: CPUs - 1)")
+    args = p.parse_args(argv)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, interrupt)  # a stopped preparation removes its temporary folder
     try:
-        meta = prepare_data(**vars(p.parse_args(argv)))  # each option's dest is a prepare_data parameter
-    except ValueError as e:
+        meta = prepare_data(**vars(args))  # each option's dest is a prepare_data parameter
+    except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("error: stopped by a signal; nothing was written (the cache keeps only finished entries)")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     r = meta["report"]
     print("---")
     print(f"folder:          {meta['dir']}{' (reused)' if meta['reused'] else ''}")

@@ -19,6 +19,7 @@ header). Test-set predictions are written in the leaderboard's format (`CoLA.tsv
 import argparse
 import copy
 import csv
+import io
 import json
 import math
 import os
@@ -72,10 +73,18 @@ SUBMISSION_FILES = ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm"
 
 
 
+def task_key(name):
+    """'SST-2', 'sst2', 'Sst_2' -> 'sst2': the GLUE folder names and the Hugging Face spellings match alike."""
+    return name.lower().replace("-", "").replace("_", "")
+
+
 def check_tasks(tasks):
-    if any(t not in TASKS for t in tasks):
-        raise ValueError(f"unknown task(s) {[t for t in tasks if t not in TASKS]}; choose from {','.join(TASKS)}")
-    return list(tasks)
+    """GLUE folder names (CoLA, SST-2, STS-B) or Hugging Face's (cola, sst2, stsb), any case -> folder names."""
+    by_key = {task_key(t): t for t in TASKS}
+    unknown = [t for t in tasks if task_key(t) not in by_key]
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}; choose from {','.join(TASKS)} (or cola, sst2, stsb, ...)")
+    return [by_key[task_key(t)] for t in tasks]
 
 # -----------------------------------------------------------------------------
 # Reading the TSV files exactly as distributed
@@ -90,18 +99,30 @@ def read_tsv(path, names=None):
     """
     if not os.path.isfile(path):
         raise ValueError(f"{path}: file not found")
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = list(names) if names else next(reader, None)
-        if not header:
-            raise ValueError(f"{path}: empty file, expected a header row")
-        rows, skipped = [], 0
-        for row in reader:
-            if len(row) != len(header):
-                skipped += 1
-                continue
-            rows.append({**dict(zip(header, row)), "_line": reader.line_num})
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ValueError(f"{path}, line {line}: invalid UTF-8 (byte 0x{raw[e.start]:02x})") from None
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+    header = list(names) if names else next(reader, None)
+    if not header:
+        raise ValueError(f"{path}: empty file, expected a header row")
+    rows, skipped = [], 0
+    for row in reader:
+        if len(row) != len(header):
+            skipped += 1
+            continue
+        rows.append({**dict(zip(header, row)), "_line": reader.line_num})
     return header, rows, skipped
+
+
+def no_rows(path, skipped):
+    """The error for a file with nothing to train or score on (no score from no data)."""
+    return f"{path}: no usable rows" + (f" ({skipped} malformed row(s) skipped: their field count differs from "
+                                         "the header's)" if skipped else "")
 
 
 def parse_split(spec, path, labelled):
@@ -113,6 +134,8 @@ def parse_split(spec, path, labelled):
     for c in needed:
         if c not in header:
             raise ValueError(f"{path}: missing column {c!r} (header has {header})")
+    if not rows:
+        raise ValueError(no_rows(path, skipped))
     split = {"path": path, "skipped": skipped, "a": [r[col_a] for r in rows],
              "b": [r[col_b] for r in rows] if col_b else None, "labels": None,
              # test files carry an `index` (QQP: `id`) column that the leaderboard wants echoed back
@@ -128,9 +151,12 @@ def parse_labels(raw, classes, path):
     out = []
     for x, line in raw:
         try:
-            out.append(float(x) if classes is None else lookup[x])
+            value = float(x) if classes is None else lookup[x]
+            if not math.isfinite(value):
+                raise ValueError
+            out.append(value)
         except (KeyError, ValueError):
-            expected = "a number" if classes is None else f"one of {classes}"
+            expected = "a finite number" if classes is None else f"one of {classes}"
             raise ValueError(f"{path}, line {line}: unknown label {x!r}; expected {expected}") from None
     return np.array(out, dtype=np.float32 if classes is None else np.int64)
 
@@ -160,7 +186,9 @@ def load_task_file(path, dev_path=None, task_type="auto"):
     Classification unless every label is a number and at least one is not an integer (or task_type says so).
     Without dev_path a fixed 10% of the rows (seed 0) is held out as dev.
     """
-    header, rows, _ = read_tsv(path)
+    header, rows, skipped = read_tsv(path)
+    if not rows:
+        raise ValueError(no_rows(path, skipped))
     col_a = "sentence1" if "sentence1" in header else "sentence"
     col_b = "sentence2" if "sentence2" in header else None
     for c in (col_a, "label"):
@@ -174,6 +202,8 @@ def load_task_file(path, dev_path=None, task_type="auto"):
         except ValueError:
             task_type = "classification"
     classes = sorted(set(raw)) if task_type == "classification" else None
+    if classes is not None and len(classes) < 2:
+        raise ValueError(f"{path}: a classification task needs at least 2 labels, found {classes}")
     spec = dict(text=(col_a, col_b), label="label", classes=classes, dev={"": ""}, test={}, score={},
                 metrics=("accuracy", "mcc") if classes else ("pearson", "spearman"))
     train = parse_split(spec, path, True)
@@ -182,6 +212,9 @@ def load_task_file(path, dev_path=None, task_type="auto"):
     else:  # hold out 10% of the training rows, the same rows every run
         perm = np.random.default_rng(0).permutation(len(train["a"]))
         n_dev = max(1, len(perm) // 10)
+        if len(perm) - n_dev < 2:
+            raise ValueError(f"{path}: {len(perm)} row(s) leave no training rows after holding out 10% for dev; "
+                             "add rows or give --task-dev-file")
         dev, train = subset(train, np.sort(perm[:n_dev])), subset(train, np.sort(perm[n_dev:]))
     name = os.path.splitext(os.path.basename(path))[0]
     return name, spec, {"train": train, "dev": {"": dev}, "test": {}, "missing_test": []}
@@ -199,7 +232,8 @@ def subset(split, idx):
 
 
 def accuracy(pred, gold):
-    return float(np.mean(np.asarray(pred) == np.asarray(gold)))
+    """Fraction right; NaN for no rows (no score from no data)."""
+    return float(np.mean(np.asarray(pred) == np.asarray(gold))) if len(gold) else math.nan
 
 
 def f1_score(pred, gold, positive=1):
@@ -226,11 +260,14 @@ def matthews_corrcoef(pred, gold):
 
 
 def pearson(x, y):
-    """Pearson correlation; 0 when either side is constant (scipy returns nan there, which would poison the mean)."""
+    """Pearson correlation; NaN where it is undefined: a constant side, a NaN anywhere, fewer than 2 pairs
+    (as scipy). The CLI turns a NaN into an error rather than report a number."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(x) < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()):
+        return math.nan
     x, y = x - x.mean(), y - y.mean()
     denom = math.sqrt(float(x @ x) * float(y @ y))
-    return float(x @ y / denom) if denom > 0 else 0.0
+    return float(x @ y / denom) if denom > 0 else math.nan
 
 
 def rankdata(x):
@@ -241,6 +278,9 @@ def rankdata(x):
 
 
 def spearman(x, y):
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):  # ranks would hide the NaN
+        return math.nan
     return pearson(rankdata(x), rankdata(y))
 
 
@@ -440,6 +480,8 @@ def predict(net, seqs, pad_id, batch_size, device, classes):
         with autocast(device):
             logits = net.classify(input_ids, mask)["logits"]
         out[idx] = logits.float().cpu().numpy()
+    if not np.isfinite(out).all():
+        raise ValueError("non-finite predictions: fine-tuning diverged (lower --lr)")
     return out[:, 0] if classes is None else out.argmax(-1)
 
 
@@ -514,6 +556,8 @@ def run_task(name, spec, task_data, net_io, settings, progress=True):
     cap = settings["max_train_examples"]
     if cap and len(train["a"]) > cap:  # a fixed random subset (seed 0) for quick runs
         train = subset(train, np.sort(np.random.default_rng(0).choice(len(train["a"]), cap, replace=False)))
+    if spec["classes"] and len(train["a"]) < len(spec["classes"]):
+        raise ValueError(f"{name}: {len(train['a'])} training row(s) for {len(spec['classes'])} classes")
     enc_train = encode_split(enc, train, ids, max_len, clean)
     enc_dev = {k: encode_split(enc, s, ids, max_len, clean) for k, s in task_data["dev"].items()}
     enc_test = {k: encode_split(enc, s, ids, max_len, clean) for k, s in task_data["test"].items()
@@ -521,9 +565,17 @@ def run_task(name, spec, task_data, net_io, settings, progress=True):
     runs = []
     for seed in range(settings["seeds"]):
         net = finetune(trunk, spec, enc_train, train["labels"], settings, seed, device, progress, f"{name} seed {seed}")
-        preds = {split: {k: predict(net, seqs, ids["pad"], settings["eval_batch_size"], device, spec["classes"])
-                         for k, seqs in encoded.items()} for split, encoded in (("dev", enc_dev), ("test", enc_test))}
-        runs.append({"seed": seed, "metrics": task_metrics(spec, preds["dev"], task_data), "test": preds["test"]})
+        try:
+            preds = {split: {k: predict(net, seqs, ids["pad"], settings["eval_batch_size"], device, spec["classes"])
+                             for k, seqs in encoded.items()} for split, encoded in (("dev", enc_dev), ("test", enc_test))}
+        except ValueError as e:
+            raise ValueError(f"{name}, seed {seed}: {e}") from None
+        metrics = task_metrics(spec, preds["dev"], task_data)
+        undefined = [k for k, v in metrics.items() if math.isnan(v)]
+        if undefined:
+            raise ValueError(f"{name}, seed {seed}: {', '.join(undefined)} undefined on dev: every prediction is the "
+                             "same (the fine-tuned model collapsed; try another --lr or more --epochs)")
+        runs.append({"seed": seed, "metrics": metrics, "test": preds["test"]})
         del net
     metrics = {k: float(np.median([r["metrics"][k] for r in runs])) for k in runs[0]["metrics"]}
     # Test predictions come from the run closest to the median of the headline metric (for odd K: the median run).
@@ -635,8 +687,26 @@ def markdown_table(results):
 # Command line
 
 
+def check_args(parser, args):
+    """One-line errors for flags that parse but cannot give a score, before any file is read."""
+    rules = [("seeds", args.seeds >= 1, ">= 1"), ("epochs", args.epochs >= 1, ">= 1"),
+             ("lr", args.lr > 0 and math.isfinite(args.lr), "a positive number"),
+             ("batch_size", args.batch_size >= 1, ">= 1"), ("eval_batch_size", args.eval_batch_size >= 1, ">= 1"),
+             ("warmup", 0 <= args.warmup < 1, "in [0, 1)"), ("dropout", 0 <= args.dropout < 1, "in [0, 1)"),
+             ("weight_decay", args.weight_decay >= 0, ">= 0"),
+             ("max_len", args.max_len >= 8, ">= 8 (room for [CLS], [SEP] and the text)"),
+             ("max_train_examples", args.max_train_examples == -1 or args.max_train_examples >= 1, ">= 1 or -1 (all)"),
+             ("retries", args.retries >= 1, ">= 1")]
+    for name, ok, rule in rules:
+        if not ok:
+            parser.error(f"--{name.replace('_', '-')} must be {rule} (got {getattr(args, name)!r})")
+    if args.task_dev_file and not args.task_file:
+        parser.error("--task-dev-file needs --task-file")
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description="GLUE fine-tuning and scoring (cramming's GLUE-sane protocol).")
+    p = argparse.ArgumentParser(prog="evaluate_glue.py", description="GLUE fine-tuning and scoring (cramming's "
+                                "GLUE-sane protocol).", usage="%(prog)s --checkpoint DIR [flags]  (--help lists them)")
     # Inputs
     p.add_argument("--checkpoint", help="pretrained run folder holding config.json, model.pt and tokenizer.json")
     p.add_argument("--glue-dir", default="glue_data", help="folder with CoLA/, SST-2/, ... (default glue_data)")
@@ -672,6 +742,7 @@ def main(argv=None):
     # Output
     p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and submission/*.tsv")
     args = p.parse_args(argv)
+    check_args(p, args)
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     clean = None if args.lowercase is None and args.strip_accents is None else \

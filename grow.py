@@ -451,17 +451,22 @@ def apply_stage(model, optimizer, stage, make_optimizer, method=None, noise=0.0,
 
 
 
-if __name__ == "__main__":
-    # `python grow.py "SCHEDULE" [preset]` prints the stages of a schedule grown toward a model preset.
+def main(argv=None):
+    """`python grow.py "SCHEDULE" [preset]` prints the stages of a schedule grown toward a model preset."""
     import sys
-    if len(sys.argv) < 2:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or len(argv) > 2:
         raise SystemExit("usage: python grow.py 'SCHEDULE|compound|gstack' [model preset, default base]\n\n"
                          + SCHEDULE_HELP)
-    target = M.make_config(sys.argv[2] if len(sys.argv) > 2 else "base")
     try:
-        plan = parse_schedule(sys.argv[1], target)
+        target = M.make_config(argv[1] if len(argv) > 1 else "base")
+        plan = parse_schedule(argv[0], target)
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise SystemExit(f"error: {e}") from None
     for s in plan:
         print(f"at {s['at']:.2f}: {describe(s['config'])}  method {s['method']:<10} "
               f"params {M.count_params(s['config']) / 1e6:7.2f}M  FLOPs/token {M.flops_per_token(s['config']):.3g}")
+
+
+if __name__ == "__main__":
+    main()

@@ -466,7 +466,11 @@ def load_model(folder, device="cpu"):
     except ValueError as e:
         raise ValueError(f"{config_path}: {e}") from None
     model = build_model(cfg)
-    model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
+    try:
+        model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
+    except Exception as e:  # truncated, foreign or from another config: name the file, not a traceback
+        raise ValueError(f"{weights_path}: not loadable as this config's weights ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
     return model.to(device)
 
 

@@ -570,7 +570,9 @@ def _read_run(path):
             points.append({"N": float(N), "D": float(D), "loss": float(loss), "run_id": folder,
                            "C": float(fpt) * D if isinstance(fpt, (int, float)) and fpt > 0 else None,
                            "comparable": info.get("comparable")})
-    return points
+    # A log written by a train.py before resume truncated it can repeat the steps between a checkpoint and a
+    # kill: one point per token count, the last logged (the resumed run's), so no point counts twice.
+    return list({p["D"]: p for p in points}.values())
 
 
 def _read_csv(path):
@@ -744,8 +746,21 @@ def cmd_fit(args):
     print(f"saved {args.out}" + (f" and {png}" if png else " (no plot: matplotlib is not installed)"))
 
 
+def check_args(parser, args):
+    """One-line errors (usage line + error) for numbers that parse but plan or fit nothing."""
+    rules = [("hours", lambda v: v > 0 and math.isfinite(v), "a positive number"), ("gpus", lambda v: v >= 1, ">= 1"),
+             ("mfu", lambda v: 0 < v <= 1, "in (0, 1]"), ("seq_len", lambda v: v >= 4, ">= 4"),
+             ("budgets", lambda v: v >= 1, ">= 1"), ("sizes", lambda v: v >= 2, ">= 2"),
+             ("ratio", lambda v: v > 1, "> 1"), ("spread", lambda v: v > 1, "> 1"),
+             ("n_boot", lambda v: v >= 0, ">= 0"), ("delta", lambda v: v > 0, "> 0")]
+    for name, ok, rule in rules:
+        value = getattr(args, name, None)
+        if value is not None and not ok(value):
+            parser.error(f"--{name.replace('_', '-')} must be {rule} (got {value!r})")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Scaling-law fits and compute planning for growcram.")
+    ap = argparse.ArgumentParser(prog="scaling.py", description="Scaling-law fits and compute planning for growcram.")
     sub = ap.add_subparsers(dest="command", required=True)
     budget = argparse.ArgumentParser(add_help=False)
     # Budget
@@ -764,15 +779,19 @@ def main(argv=None):
     budget.add_argument("--seq-len", type=int, help="sequence length in tokens (default: preset's)")
     budget.add_argument("--data", help="--data value passed to train.py")
     budget.add_argument("--json", help="also write the plan as JSON to this path")
-    p = sub.add_parser("plan", parents=[budget], help="N*, D*, a shape and the train.py command for a budget")
+    short = "scaling.py {} {}[flags]  (--help lists them)".format
+    p = sub.add_parser("plan", parents=[budget], help="N*, D*, a shape and the train.py command for a budget",
+                       usage=short("plan", "--hours H --gpu GPU "))
     p.add_argument("--out", help="train.py --out folder (default runs/plan_<layers>x<width>)")
-    s = sub.add_parser("sweep", parents=[budget], help="train.py commands of an IsoFLOP sweep spending --hours")
+    s = sub.add_parser("sweep", parents=[budget], help="train.py commands of an IsoFLOP sweep spending --hours",
+                       usage=short("sweep", "--hours H --gpu GPU "))
     s.add_argument("--budgets", type=int, default=3, help="number of compute levels (3)")
     s.add_argument("--sizes", type=int, default=5, help="model sizes per compute level (5)")
     s.add_argument("--ratio", type=float, default=3.0, help="compute ratio between levels (3)")
     s.add_argument("--spread", type=float, default=3.0, help="sizes span N*/spread .. N*·spread (3)")
     s.add_argument("--out-dir", default="runs/sweep", help="parent folder of the runs' --out (runs/sweep)")
-    f = sub.add_parser("fit", help="fit L(N, D) to train.py runs (folders or log.jsonl) or CSV files")
+    f = sub.add_parser("fit", help="fit L(N, D) to train.py runs (folders or log.jsonl) or CSV files",
+                       usage=short("fit", "RUN [RUN ...] "))
     f.add_argument("runs", nargs="+", help="train.py output folders, their log.jsonl, or CSV (N, D or C, loss)")
     f.add_argument("--out", default="fit.json", help="where to save the fit (fit.json; plot beside it as .png)")
     f.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples of runs (200)")
@@ -782,6 +801,7 @@ def main(argv=None):
                    help="starting points: variable projection (fast) or Hoffmann et al.'s 4500-point grid")
     f.add_argument("--final-only", action="store_true", help="use only the last evaluation of each run")
     args = ap.parse_args(argv)
+    check_args({"plan": p, "sweep": s, "fit": f}[args.command], args)
     try:
         {"plan": cmd_plan, "sweep": cmd_sweep, "fit": cmd_fit}[args.command](args)
     except ValueError as e:

@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import time
 from contextlib import nullcontext
@@ -39,6 +40,7 @@ import model
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="train.py", description="Budgeted language-model pretraining (cramming).",
+                                usage="%(prog)s --data DATA --minutes N [flags]  (--help lists them)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("budget (the run ends at the first one reached; give at least one)")
     g.add_argument("--hours", type=float, default=None, help="wall-clock budget in hours")
@@ -103,7 +105,10 @@ def parse_args(argv=None):
     g.add_argument("--seed", type=int, default=0, help="seed for initialization and the batch stream")
     g = p.add_argument_group("output, evaluation and checkpoints")
     g.add_argument("--out", default="runs/cram", help="output folder")
-    g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with the saved settings")
+    g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with the saved settings "
+                   "(a budget flag given now replaces the saved budget: that extends a finished run)")
+    g.add_argument("--force", action="store_true", help="replace an earlier run in OUT (its log, summary, "
+                   "checkpoint and final/) instead of refusing")
     g.add_argument("--eval-every", type=float, default=0.1, help="held-out evaluation every this fraction of the budget")
     g.add_argument("--eval-batches", type=int, default=20, help="held-out batches per evaluation")
     g.add_argument("--log-every", type=int, default=10, help="write a log line every N optimizer steps")
@@ -123,29 +128,65 @@ def budget_given(args):
     return any(v is not None for v in (args.hours, args.minutes, args.max_steps, args.max_tokens))
 
 
+BUDGET_KEYS = ("hours", "minutes", "max_steps", "max_tokens")
+
+
+def budget_text(args):
+    """'max_steps 60' or 'minutes 2, max_tokens 1e+06': the budget flags that are set."""
+    return ", ".join(f"{k} {getattr(args, k):g}" for k in BUDGET_KEYS if getattr(args, k) is not None)
+
+
 def budget_seconds(args):
     """The wall-clock budget in seconds (--hours plus --minutes), or None when only steps or tokens bound the run."""
     return ((args.hours or 0) * 3600 + (args.minutes or 0) * 60) or None
 
 
 def check_args(parser, args):
-    """One-line errors for flags that parse but make no sense."""
+    """One-line errors for flags that parse but make no sense, before anything is read or written."""
+    def need(ok, flag, rule):
+        if not ok:
+            parser.error(f"{flag} must be {rule} (got {getattr(args, flag[2:].replace('-', '_'))!r})")
+
     if not budget_given(args) and not args.resume:  # a resumed run takes its budget from OUT/args.json
         parser.error("give a budget: --hours, --minutes, --max-steps or --max-tokens")
     for name in ("hours", "minutes", "max_steps", "max_tokens"):
         v = getattr(args, name)
-        if v is not None and not v > 0:
+        if v is not None and not (v > 0 and math.isfinite(v)):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {v}")
     for name, low in (("micro_batch", 1), ("seq_len", 4), ("batch_tokens", 1), ("vocab_size", 1)):
         v = getattr(args, name)
         if v is not None and v < low:
             parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {v}")
+    for name in ("n_layers", "d_model", "n_heads", "ffn_dim", "fineweb_shards"):
+        v = getattr(args, name)
+        need(v is None or v >= 1, "--" + name.replace("_", "-"), ">= 1")
     if not 0 <= args.batch_ramp < 1 or not 0 <= args.warmup < 1 or not 0 < args.eval_every <= 1:
         parser.error("--batch-ramp and --warmup must be in [0, 1), --eval-every in (0, 1]")
-    if args.lr is not None and not args.lr > 0:
+    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         parser.error(f"--lr must be positive, got {args.lr}")
     if args.model != "auto" and args.model not in model.PRESETS:
         parser.error(f"--model must be auto or one of {', '.join(model.PRESETS)}, got {args.model!r}")
+    need(args.objective == "clm" or 0 < args.mask_rate < 1, "--mask-rate", "in (0, 1)")
+    need(args.clip >= 0, "--clip", ">= 0 (0 = off)")
+    need(args.weight_decay >= 0, "--weight-decay", ">= 0")
+    need(args.eps > 0, "--eps", "> 0")
+    need(all(0 <= b < 1 for b in args.betas), "--betas", "two numbers in [0, 1)")
+    need(args.grow_noise >= 0, "--grow-noise", ">= 0")
+    need(0 <= args.grow_rewarm < 1, "--grow-rewarm", "in [0, 1)")
+    need(args.grow is None or args.grow.strip(), "--grow", "a schedule or a preset name (leave it out for no growth)")
+    need(args.eval_batches >= 1, "--eval-batches", ">= 1")
+    need(args.log_every >= 1, "--log-every", ">= 1")
+    need(args.checkpoint_minutes > 0, "--checkpoint-minutes", "> 0")
+    need(args.checkpoint_steps >= 0, "--checkpoint-steps", ">= 0 (0 = off)")
+    need(args.max_bad_steps >= 1, "--max-bad-steps", ">= 1")
+    need(args.seed >= 0, "--seed", ">= 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda: no CUDA GPU visible to this torch {torch.__version__}"
+                     + (" (a CPU-only build)" if torch.version.cuda is None else ""))
+    if args.device == "mps" and not torch.backends.mps.is_available():
+        parser.error("--device mps: Apple's Metal backend is not available here")
+    if os.path.isfile(args.out):
+        parser.error(f"--out {args.out} is a file; give a folder")
 
 
 def model_config(args, vocab_size):
@@ -452,7 +493,80 @@ def prepare(args, device, rank, world):
         dist.barrier()
         if rank != 0:
             meta = data.prepare_data(**{**kwargs, "progress": False})
+    try:  # every shard's header and size, now: a damaged cache is a one-line error, not a traceback mid-run
+        for split in ("train", "val"):
+            data.make_loader(meta, split, args.objective, rank=rank, world_size=world, mask_rate=args.mask_rate,
+                             prefetch=False)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     return meta
+
+
+CONFIG_FLAGS = {"n_layers": "--n-layers", "d_model": "--d-model", "n_heads": "--n-heads", "ffn_dim": "--ffn-dim",
+                "max_seq_len": "--seq-len", "vocab_size": "--vocab-size", "mask_rate": "--mask-rate"}
+
+
+def config_error_in_flags(error):
+    """model.validate_config's message in the command line's words: 'n_heads' (5) -> --n-heads (5)."""
+    text = str(error).replace("config key ", "")
+    for key, flag in CONFIG_FLAGS.items():
+        text = text.replace(f"'{key}'", flag)
+    return text
+
+
+def growth_stages(args, cfg):
+    """grow.parse_schedule of --grow toward cfg ([] without growth), as a one-line error if it is invalid."""
+    try:
+        return grow.parse_schedule(args.grow, cfg) if args.grow else []
+    except ValueError as e:
+        raise SystemExit(f"error: --grow: {e}") from None
+
+
+RUN_FILES = ("checkpoint.pt", "log.jsonl", "summary.json", "final", "loss.png", "args.json")
+
+
+def check_out_is_free(out, force, remove=True):
+    """A finished or interrupted run in `out` is never replaced silently: refuse, or with --force remove it
+    (remove=False: only check; every rank checks, rank 0 removes)."""
+    found = [name for name in RUN_FILES[:4] if os.path.exists(os.path.join(out, name))]
+    if found and not force:
+        what = "pass --resume to continue it" if found[0] == "checkpoint.pt" else "it is from an earlier run"
+        raise SystemExit(f"error: {os.path.join(out, found[0])} exists: {what}, --force to replace it, or choose "
+                         "another --out")
+    for name in RUN_FILES if force and remove else ():
+        path = os.path.join(out, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
+def truncate_log(path, state):
+    """Resume appends to log.jsonl from the checkpoint on: drop what was logged after it was saved (steps that
+    will run again), so no step appears twice."""
+    if not os.path.exists(path):
+        return
+    if "log_bytes" in state:  # the log's size when the checkpoint was written
+        with open(path, "r+b") as f:
+            f.truncate(min(state["log_bytes"], os.path.getsize(path)))
+        return
+    with open(path) as f:  # checkpoints from before log_bytes: keep the records up to its step
+        kept = [line for line in f if json.loads(line).get("step", 0) <= state["step"]]
+    data.atomic_write(path, lambda f: f.write("".join(kept).encode()))
+
+
+def prepare_interruptible(args, device, rank, world):
+    """prepare() with SIGTERM turned into a clean stop: data.py removes its temporary folder, OUT stays empty."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        return prepare(args, device, rank, world)
+    except KeyboardInterrupt:
+        raise SystemExit("error: stopped by a signal during data preparation; nothing was written (the cache "
+                         "keeps only finished entries)") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class Budget:
@@ -493,31 +607,35 @@ def train(args):
         chosen, why = choose_defaults(args, sustained_flops(device, gpu_peak_flops(device)), world,
                                       device.type == "cuda")
     except ValueError as e:  # a shape flag that makes no valid model, e.g. an odd head size with rotary
-        raise SystemExit(f"error: {e}") from None
+        raise SystemExit(f"error: {config_error_in_flags(e)}") from None
     vars(args).update(chosen)  # resolved before args.json is written, so --resume reuses the same choice
     if why:
         say(f"defaults: {why} (flags given on the command line always win)")
-    os.makedirs(args.out, exist_ok=True)
     ckpt_path, log_path = os.path.join(args.out, "checkpoint.pt"), os.path.join(args.out, "log.jsonl")
     ckpt = load_checkpoint(ckpt_path) if args.resume else None
-    if ckpt is None and rank == 0:
-        if os.path.exists(ckpt_path):
-            raise SystemExit(f"error: {ckpt_path} exists; pass --resume to continue it or choose another --out")
-        for stale in (log_path, os.path.join(args.out, "summary.json")):
-            if os.path.exists(stale):
-                os.remove(stale)
-        data.atomic_write(os.path.join(args.out, "args.json"),
-                          lambda f: f.write(json.dumps(vars(args), indent=2).encode()))
+    stages = growth_stages(args, model_config(args, args.vocab_size))  # a bad schedule fails before any work
+    for T in {args.seq_len, *(stage["config"]["max_seq_len"] for stage in stages)} if args.objective == "mlm" else ():
+        if not 1 <= round(args.mask_rate * T) <= T - 2:
+            raise SystemExit(f"error: --mask-rate {args.mask_rate} masks {round(args.mask_rate * T)} of {T} tokens "
+                             f"per sequence; it must mask 1 to {T - 2}")
+    if ckpt is None:
+        check_out_is_free(args.out, args.force, remove=rank == 0)
 
-    meta = prepare(args, device, rank, world)
+    meta = prepare_interruptible(args, device, rank, world)
     enc = data.load_tokenizer(meta["tokenizer"])  # only to show samples
     cfg = model_config(args, meta["n_vocab"])
-    stages = []
-    if args.grow:
-        try:
-            stages = grow.parse_schedule(args.grow, cfg)
-        except ValueError as e:
-            raise SystemExit(f"error: --grow: {e}") from None
+    stages = growth_stages(args, cfg)
+    if stages and any(stages[-1]["config"][k] != cfg[k] for k in grow.GROWN_KEYS):
+        say(f"--grow: the schedule ends at {grow.describe(stages[-1]['config'])}, not the model's "
+            f"{grow.describe(cfg)}; the run trains toward the schedule's last stage")
+    if rank == 0:  # the first thing written: every check above has passed
+        os.makedirs(args.out, exist_ok=True)
+        if ckpt is None or getattr(args, "budget_was", None):  # a resume saves its extended budget
+            settings = {k: v for k, v in vars(args).items() if k != "budget_was"}
+            data.atomic_write(os.path.join(args.out, "args.json"),
+                              lambda f: f.write(json.dumps(settings, indent=2).encode()))
+        if ckpt is not None:
+            truncate_log(log_path, ckpt["state"])
     torch.manual_seed(args.seed)
     net = model.build_model(ckpt["config"] if ckpt else stages[0]["config"] if stages else cfg).to(device)
     optimizer = make_optimizer(net, args, device)
@@ -552,6 +670,16 @@ def train(args):
                                   "progress": 0.0, "val_loss": val})
         say(f"held-out loss before training: {val:.3f}")
     budget = Budget(args, state["elapsed"])
+    if ckpt:
+        p = budget.progress(state["step"], state["tokens"], state["elapsed"])
+        if p >= 1.0:
+            left = budget.left(state["step"], state["tokens"], state["elapsed"])
+            raise SystemExit(f"error: {ckpt_path} has spent its budget ({left} left); give a larger one with --resume "
+                             "to extend the run")
+        if getattr(args, "budget_was", None):  # extended: the schedules read progress, which just went down
+            state["next_eval"] = (math.floor(p / args.eval_every) + 1) * args.eval_every
+            say(f"resume: budget {args.budget_was} -> {budget_text(args)}; progress is now {p:.1%}, so the "
+                "learning rate, batch ramp and growth stages continue from there (README: extending a run)")
     say(json.dumps({"model": now_cfg}, indent=None))
     say(f"device {device} ({str(dtype).replace('torch.', '')}), {world} process(es); "
         f"{model.count_params(now_cfg) / 1e6:.1f} M parameters ({model.count_params(now_cfg, False) / 1e6:.1f} M "
@@ -593,6 +721,7 @@ def train(args):
 
     def checkpoint():
         if rank == 0:
+            state["log_bytes"] = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # resume cuts here
             save_checkpoint(ckpt_path, run_net, optimizer, loader, state)
 
     while True:
@@ -766,11 +895,15 @@ def train(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.resume:  # the saved settings win, except for the budget-independent output flags given now
+    if args.resume:  # the saved settings win, except the output flags and a budget given now
         saved = os.path.join(args.out, "args.json")
         if os.path.isfile(saved):
-            with open(saved) as f:
-                args = argparse.Namespace(**{**json.load(f), "resume": True, "out": args.out})
+            given = {k: getattr(args, k) for k in BUDGET_KEYS} if budget_given(args) else None
+            with open(saved) as f:  # keys a newer train.py added keep their defaults
+                args = argparse.Namespace(**{**vars(args), **json.load(f), "resume": True, "out": args.out})
+            if given and given != {k: getattr(args, k) for k in BUDGET_KEYS}:
+                was = budget_text(args)
+                vars(args).update(given, budget_was=was)
         elif not budget_given(args):
             raise SystemExit(f"error: {saved} is missing; give the budget again (--hours, --max-steps, ...)")
     try:

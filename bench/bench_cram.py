@@ -45,29 +45,34 @@ so throughput (tokens/s; HF's dense MLM head scores all T positions, ours only t
 (loss per token) can be told apart. Output in --out: results.json,
 curves.png (if matplotlib is installed), ours_seed*/ (train.py's run folders).
 
-Downstream check (skip with --no-downstream): "which play is this line from", six Shakespeare plays, lines of
-at least 6 spoken words, train and dev lines from disjoint contiguous blocks of each play, balanced classes
-(3,000 train / 600 dev rows; a bag-of-words naive Bayes gets 38% of dev right, chance is 17%). Seed 0's
-pretrained model and the same network from random initialization (evaluate_glue.py has no such flag, so a
-freshly built model.build_model of the same config is saved beside the tokenizer) are each fine-tuned with
-evaluate_glue.py: its GLUE-sane protocol, except 3 epochs, 1 seed and lr 3e-4 (--downstream-epochs/-lr):
+Downstream check (skip with --no-downstream; --downstream-only reruns it on OUT's checkpoint): seed 0's
+pretrained model against the same network from random initialization (save_random_init), both fine-tuned with
+evaluate_glue.py's protocol except 3 epochs, lr 1e-3 and the median of 3 seeds (--downstream-epochs/-lr/-seeds),
+on two tasks built from the bundled corpus, lines of at least 6 spoken words, train and dev lines from disjoint
+contiguous blocks of each play (3,000 train / 600 dev rows, balanced classes):
+  - "word order" (CoLA-like): a line as written, or its words shuffled. Lines from the three plays data.py holds
+    out of pretraining (HELD_OUT_PLAYS), so pretraining on --data sample saw neither version. Both classes have
+    the same words: a bag-of-words model is at chance (50%) by construction.
+  - "plays": which of six plays a line is from (chance 17%). A lexical task: a bag-of-words logistic regression
+    gets 36% of dev right; with --data sample the pretraining text contains these lines (unlabelled).
 
-    python evaluate_glue.py --checkpoint OUT/ours_seed0/final --task-file OUT/downstream/plays/train.tsv \
-        --task-dev-file OUT/downstream/plays/dev.tsv --seeds 1 --epochs 3 --lr 3e-4 --no-progress \
-        --out OUT/downstream/pretrained
-    (the same with --checkpoint OUT/downstream/random_init --out OUT/downstream/random_init)
+    python evaluate_glue.py --checkpoint OUT/ours_seed0/final --task-file "OUT/downstream/word order/train.tsv" \
+        --task-dev-file "OUT/downstream/word order/dev.tsv" --seeds 3 --epochs 3 --lr 1e-3 --no-progress \
+        --out "OUT/downstream/word order/pretrained"
+    (the same with --checkpoint OUT/downstream/random_init, and with the plays task)
 
-The task always uses the bundled Shakespeare corpus and the run's own tokenizer, so it works after pretraining
-on any corpus. With --data sample the pretraining text contains these lines (unlabelled): the check then asks
-whether masked-LM pretraining learned features that tell plays apart, not whether it saw the lines.
+The tasks always use the bundled Shakespeare corpus and the run's own tokenizer, so they work after pretraining
+on any corpus.
 Needs `pip install transformers` (benchmark only; not with --skip-hf).
 """
 import argparse
+import collections
 import gc
 import gzip
 import json
 import math
 import os
+import random
 import re
 import shlex
 import shutil
@@ -89,6 +94,9 @@ EVAL_EVERY = 0.1          # held-out evaluations at every tenth of the budget, f
 HF_WARMUP = 0.06          # fraction of the budget
 CORPUS = os.path.join(ROOT, "corpora", "shakespeare.jsonl.gz")
 PLAYS = ("hamlet", "macbeth", "romeo and juliet", "tempest", "midsummer nights dream", "julius caesar")
+# data.py sends every round(1 / val_fraction)-th document to the validation split: at its default 0.05 these
+# are documents 0, 20 and 40 of the bundled corpus, which pretraining on --data sample never sees.
+HELD_OUT_PLAYS = ("alls well that ends well", "measure for measure", "two gentlemen of verona")
 
 # -----------------------------------------------------------------------------
 # Shared settings: what our run will actually use, read back through train.py's own parser
@@ -114,7 +122,7 @@ def ours_argv(args, seed, out):
             "--micro-batch", str(args.micro_batch), "--batch-tokens", str(args.batch_tokens),
             "--eval-batches", str(args.eval_batches), "--minutes", str(args.minutes),
             "--eval-every", str(EVAL_EVERY), "--seed", str(seed), "--out", out,
-            "--log-every", "10", "--checkpoint-minutes", "1e9", *extra]
+            "--log-every", "10", "--checkpoint-minutes", "1e9", "--force", *extra]  # a fresh run, never a resume
 
 
 # -----------------------------------------------------------------------------
@@ -132,8 +140,6 @@ def read_curve(log_path):
 
 def run_ours(args, seed):
     out = os.path.join(args.out, f"ours_seed{seed}")
-    if os.path.exists(os.path.join(out, "checkpoint.pt")):  # a fresh run each time, never a resume
-        os.remove(os.path.join(out, "checkpoint.pt"))
     summary = train.main(ours_argv(args, seed, out))
     return {"model": "ours", "seed": seed, "lr": None, "status": summary["status"],
             "curve": read_curve(os.path.join(out, "log.jsonl")), "final_loss": summary["final_val_loss"],
@@ -317,58 +323,143 @@ def spaced(xs, n):
     return [xs[i * len(xs) // n] for i in range(n)]
 
 
-def build_play_task(out_dir, corpus=CORPUS, plays=PLAYS, train_per_play=500, dev_per_play=100, block=40,
-                    dev_every=5):
-    """Write out_dir/train.tsv and dev.tsv (header `sentence<TAB>label`, the play's title as label) for
-    evaluate_glue.py --task-file / --task-dev-file. Each play's lines are cut into contiguous blocks of `block`
-    lines; every dev_every-th block is dev, the rest train, so no dev line sits among fine-tuning lines. Lines
-    that occur more than once anywhere are dropped, and every play gets the same number of rows."""
+def read_plays(corpus, plays):
+    """{title: spoken lines} for the given works of the corpus; a one-line error names a missing title."""
     with gzip.open(corpus, "rt", encoding="utf-8") as f:
         texts = {d["title"]: d["text"] for d in map(json.loads, f)}
     missing = [p for p in plays if p not in texts]
     if missing:
         raise ValueError(f"{corpus}: no work titled {missing}")
-    lines = {p: speech_lines(texts[p]) for p in plays}
-    counts = {}
-    for ls in lines.values():
-        for s in ls:
-            counts[s] = counts.get(s, 0) + 1
+    return {p: speech_lines(texts[p]) for p in plays}
+
+
+def split_lines(lines, block, dev_every):
+    """{"train": {play: lines}, "dev": {...}}: each play's lines cut into contiguous blocks of `block` lines,
+    every dev_every-th block dev and the rest train, so no dev line sits among fine-tuning lines. Lines that
+    occur more than once anywhere are dropped."""
+    counts = collections.Counter(s for ls in lines.values() for s in ls)
     splits = {"train": {}, "dev": {}}
     for p, ls in lines.items():
         unique = [(i, s) for i, s in enumerate(ls) if counts[s] == 1]
         splits["dev"][p] = [s for i, s in unique if (i // block) % dev_every == dev_every - 1]
         splits["train"][p] = [s for i, s in unique if (i // block) % dev_every != dev_every - 1]
+    return splits
+
+
+def write_task(out_dir, name, rows):
+    """out_dir/name.tsv in evaluate_glue's --task-file format: header `sentence<TAB>label`."""
+    path = os.path.join(out_dir, f"{name}.tsv")
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write("sentence\tlabel\n" + "".join(f"{s}\t{label}\n" for s, label in rows))
+    return path
+
+
+def build_play_task(out_dir, corpus=CORPUS, plays=PLAYS, train_per_play=500, dev_per_play=100, block=40,
+                    dev_every=5):
+    """Write out_dir/train.tsv and dev.tsv (the play's title as label) for evaluate_glue.py --task-file /
+    --task-dev-file: lines split as in split_lines, every play with the same number of rows."""
+    splits = split_lines(read_plays(corpus, plays), block, dev_every)
     os.makedirs(out_dir, exist_ok=True)
     result = {"classes": list(plays)}
     for name, wanted in (("train", train_per_play), ("dev", dev_per_play)):
         n = min(wanted, *(len(v) for v in splits[name].values()))
         rows = [(s, p) for p in plays for s in spaced(splits[name][p], n)]
-        path = os.path.join(out_dir, f"{name}.tsv")
-        with open(path, "w", encoding="utf-8", newline="") as f:
-            f.write("sentence\tlabel\n" + "".join(f"{s}\t{p}\n" for s, p in rows))
-        result.update({name: path, f"n_{name}": len(rows)})
+        result.update({name: write_task(out_dir, name, rows), f"n_{name}": len(rows)})
     return result
 
 
-def downstream(final_folder, out_dir, epochs=3, lr=3e-4, **task_kwargs):
-    """Fine-tune the pretrained checkpoint and a randomly initialized copy of its network on the play task,
-    with the same protocol; returns dev accuracies in percent."""
+def scramble(line, rng):
+    """The line's words in a random order that differs from the original."""
+    words = line.split()
+    while True:
+        shuffled = rng.sample(words, len(words))
+        if shuffled != words:
+            return " ".join(shuffled)
+
+
+def build_order_task(out_dir, corpus=CORPUS, plays=HELD_OUT_PLAYS, train_per_play=1000, dev_per_play=200,
+                     block=40, dev_every=5, seed=0):
+    """Word order, CoLA-like: is this line as Shakespeare wrote it, or are its words shuffled? Lines come from
+    the plays data.py holds out of pretraining (so neither version was ever trained on), split as in
+    split_lines; half of each split, chosen at random, is scrambled. The two classes have the same words, so
+    a bag-of-words model is at chance by construction: only word order tells them apart."""
+    splits = split_lines(read_plays(corpus, plays), block, dev_every)
+    rng = random.Random(seed)
+    os.makedirs(out_dir, exist_ok=True)
+    result = {"classes": ["original", "scrambled"]}
+    for name, wanted in (("train", train_per_play), ("dev", dev_per_play)):
+        n = min(wanted, *(len(v) for v in splits[name].values()))
+        lines = [s for p in plays for s in spaced(splits[name][p], n)]
+        flip = set(rng.sample(range(len(lines)), len(lines) // 2))
+        rows = [(scramble(s, rng), "scrambled") if i in flip else (s, "original") for i, s in enumerate(lines)]
+        result.update({name: write_task(out_dir, name, rows), f"n_{name}": len(rows)})
+    return result
+
+
+def bag_of_words_accuracy(task, l2=1e-3, steps=200):
+    """Dev accuracy (percent) of a logistic regression on word counts (lowercased, whitespace-split) trained on the
+    task's train rows: how far words alone get, with no order and no pretraining."""
     import evaluate_glue
-    task = build_play_task(os.path.join(out_dir, "plays"), **task_kwargs)
-    random_init = os.path.join(out_dir, "random_init")  # evaluate_glue has no random-init flag: save one
+    _, spec, parsed = evaluate_glue.load_task_file(task["train"], task["dev"])
+    train_rows, dev_rows = parsed["train"], parsed["dev"][""]
+    vocab = {w: i for i, w in enumerate(sorted({w for s in train_rows["a"] for w in s.lower().split()}))}
+
+    def counts(texts):  # (N, V) word counts; words unseen in training are dropped
+        x = torch.zeros(len(texts), len(vocab))
+        for i, s in enumerate(texts):
+            for w in s.lower().split():
+                if w in vocab:
+                    x[i, vocab[w]] += 1
+        return x
+    x, y = counts(train_rows["a"]), torch.from_numpy(train_rows["labels"])
+    w = torch.zeros(len(vocab), len(spec["classes"]), requires_grad=True)
+    b = torch.zeros(len(spec["classes"]), requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=steps)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(x @ w + b, y) + l2 * (w ** 2).sum()
+        loss.backward()
+        return loss
+    opt.step(closure)
+    pred = (counts(dev_rows["a"]) @ w + b).argmax(-1).numpy()
+    return 100.0 * float((pred == dev_rows["labels"]).mean())
+
+
+def save_random_init(final_folder, folder):
+    """The pretrained checkpoint's network, freshly initialized (seed 0), with its tokenizer and meta.json:
+    evaluate_glue.py has no random-init flag, so the control is a checkpoint of its own."""
     with open(os.path.join(final_folder, "config.json")) as f:
         cfg = json.load(f)
     torch.manual_seed(0)
-    model.save_model(model.build_model(cfg), random_init)
+    model.save_model(model.build_model(cfg), folder)
     for name in ("tokenizer.json", "meta.json"):
-        shutil.copyfile(os.path.join(final_folder, name), os.path.join(random_init, name))
-    result = {"task": task, "epochs": epochs, "lr": lr, "chance": 100.0 / len(task["classes"])}
-    for name, checkpoint in (("pretrained", final_folder), ("random_init", random_init)):
-        glue = evaluate_glue.main(["--checkpoint", checkpoint, "--task-file", task["train"],
-                                   "--task-dev-file", task["dev"], "--seeds", "1", "--epochs", str(epochs),
-                                   "--lr", str(lr), "--no-progress", "--out", os.path.join(out_dir, name)])
-        result[name] = glue["tasks"]["train"]["metrics"]["accuracy"]  # the task is named after train.tsv
+        shutil.copyfile(os.path.join(final_folder, name), os.path.join(folder, name))
+    return folder
+
+
+def downstream(final_folder, out_dir, epochs=3, lr=1e-3, seeds=3, tasks=None):
+    """Fine-tune the pretrained checkpoint and a randomly initialized copy of its network on each task with the
+    same protocol. tasks: {name: builder(out_dir) -> task dict} (default DOWNSTREAM_TASKS). Returns
+    {"epochs", "lr", "seeds", "tasks": {name: {"task", "chance", "pretrained", "random_init"}}}, accuracies in
+    percent (median over seeds)."""
+    import evaluate_glue
+    random_init = save_random_init(final_folder, os.path.join(out_dir, "random_init"))
+    result = {"epochs": epochs, "lr": lr, "seeds": seeds, "tasks": {}}
+    for task_name, build in (tasks or DOWNSTREAM_TASKS).items():
+        task = build(os.path.join(out_dir, task_name))
+        r = {"task": task, "chance": 100.0 / len(task["classes"]), "bag_of_words": bag_of_words_accuracy(task)}
+        for name, checkpoint in (("pretrained", final_folder), ("random_init", random_init)):
+            glue = evaluate_glue.main(["--checkpoint", checkpoint, "--task-file", task["train"],
+                                       "--task-dev-file", task["dev"], "--seeds", str(seeds), "--epochs",
+                                       str(epochs), "--lr", str(lr), "--no-progress",
+                                       "--out", os.path.join(out_dir, task_name, name)])
+            r[name] = glue["tasks"]["train"]["metrics"]["accuracy"]  # the task is named after train.tsv
+        result["tasks"][task_name] = r
     return result
+
+
+DOWNSTREAM_TASKS = {"word order": build_order_task, "plays": build_play_task}
 
 
 # -----------------------------------------------------------------------------
@@ -431,10 +522,14 @@ def report(results):
         lines.append(f"median over seeds: time speedup {fmt(a['time_speedup'], '.2f')}x, token speedup "
                      f"{fmt(a['token_speedup'], '.2f')}x, throughput ratio {fmt(a['throughput_ratio'], '.2f')}x")
     d = results.get("downstream")
-    if d:
-        lines.append(f"\ndownstream, which of {len(d['task']['classes'])} plays ({d['task']['n_train']:,} train / "
-                     f"{d['task']['n_dev']:,} dev lines, {d['epochs']} epochs at lr {d['lr']:g}): pretrained "
-                     f"{d['pretrained']:.1f}% vs random init {d['random_init']:.1f}% (chance {d['chance']:.1f}%)")
+    if d and "tasks" in d:
+        lines += ["", f"downstream, seed 0's checkpoint against the same network from random init ({d['epochs']} "
+                  f"epochs at lr {d['lr']:g}, median of {d['seeds']} fine-tuning seed(s), dev accuracy %):",
+                  f"{'task':<12} {'train':>6} {'dev':>5} {'chance':>7} {'bag of words':>13} {'pretrained':>11} "
+                  f"{'random init':>12}"]
+        for name, r in d["tasks"].items():
+            lines.append(f"{name:<12} {r['task']['n_train']:>6,} {r['task']['n_dev']:>5,} {r['chance']:>7.1f} "
+                         f"{fmt(r.get('bag_of_words'), '13.1f')} {r['pretrained']:>11.1f} {r['random_init']:>12.1f}")
     text = "\n".join(lines)
     print(text)
     return text
@@ -493,10 +588,14 @@ def parse_args(argv=None):
                    "count at start; 1 helps on a busy machine, where more threads than free cores crawl)")
     p.add_argument("--skip-hf", action="store_true", help="run only ours (no transformers needed)")
     p.add_argument("--analyze-only", action="store_true", help="no training: re-analyze OUT/results.json")
-    p.add_argument("--no-downstream", action="store_true", help="skip the play-classification check")
+    p.add_argument("--no-downstream", action="store_true", help="skip the downstream check")
+    p.add_argument("--downstream-only", action="store_true", help="no pretraining: run the downstream check on "
+                   "OUT/results.json's seed-0 checkpoint and add it to results.json")
     p.add_argument("--downstream-epochs", type=int, default=3, help="fine-tuning epochs of that check (default: 3)")
-    p.add_argument("--downstream-lr", type=float, default=3e-4, help="its fine-tuning learning rate (default: 3e-4; "
-                   "GLUE-sane's 4e-5 suits BERT-base and leaves minutes-old mini models at chance)")
+    p.add_argument("--downstream-lr", type=float, default=1e-3, help="its fine-tuning learning rate (default: 1e-3, "
+                   "the best of 1e-4/1e-3 for both arms; GLUE-sane's 4e-5 suits BERT-base, not minutes-old models)")
+    p.add_argument("--downstream-seeds", type=int, default=3, help="fine-tuning seeds per arm and task, median "
+                   "reported (default: 3)")
     p.add_argument("--out", default="runs/bench_cram", help="output folder (default: runs/bench_cram)")
     return p.parse_args(argv)
 
@@ -504,11 +603,13 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     path = os.path.join(args.out, "results.json")
-    if args.analyze_only:
+    if args.analyze_only or args.downstream_only:
         if not os.path.isfile(path):
             raise SystemExit(f"error: {path} not found; run the benchmark first")
         with open(path) as f:
             results = json.load(f)
+        if args.downstream_only:
+            results["downstream"] = run_downstream(results["runs"], args)
     else:
         results = run_all(args)
     results["analysis"] = analyze(results["runs"])
@@ -552,10 +653,14 @@ def run_all(args):
     os.makedirs(args.out, exist_ok=True)  # saved now, so a failure in the downstream check loses no run
     data.atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))
     if not args.no_downstream:
-        print("\n=== downstream: which play is this line from? ===")
-        results["downstream"] = downstream(os.path.join(runs[0]["out"], "final"), os.path.join(args.out, "downstream"),
-                                           args.downstream_epochs, args.downstream_lr)
+        results["downstream"] = run_downstream(runs, args)
     return results
+
+
+def run_downstream(runs, args):
+    print("\n=== downstream: word order and which play, pretrained against random init ===")
+    return downstream(os.path.join(runs[0]["out"], "final"), os.path.join(args.out, "downstream"),
+                      args.downstream_epochs, args.downstream_lr, args.downstream_seeds)
 
 
 if __name__ == "__main__":

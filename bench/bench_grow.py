@@ -128,14 +128,11 @@ def compare(base, grown):
 # Running
 
 def train_command(args, out, seed, grow=None):
-    """The train.py command line of one run; stale outputs of an earlier bench are removed first."""
+    """The train.py command line of one run; --force replaces the outputs of an earlier bench."""
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--data", "sample", "--cache", args.cache,
            *shlex.split(args.train_flags), "--minutes", str(args.minutes), "--seed", str(seed),
            "--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches), "--log-every", "10",
-           "--checkpoint-minutes", "1000", "--out", out]
-    for stale in ("checkpoint.pt", "log.jsonl"):
-        if os.path.exists(os.path.join(out, stale)):
-            os.remove(os.path.join(out, stale))
+           "--checkpoint-minutes", "1000", "--out", out, "--force"]
     return cmd + (["--grow", grow] if grow else [])
 
 

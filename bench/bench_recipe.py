@@ -117,13 +117,10 @@ def command(args, name, seed, flags):
     out = os.path.join(args.out, f"{name}-seed{seed}")
     if args.reuse and os.path.exists(os.path.join(out, "summary.json")):
         return None
-    for stale in ("checkpoint.pt", "log.jsonl", "summary.json"):
-        if os.path.exists(os.path.join(out, stale)):
-            os.remove(os.path.join(out, stale))
     return out, [sys.executable, os.path.join(ROOT, "train.py"), "--data", args.data, "--cache", args.cache,
                  *shlex.split(args.base_flags), *shlex.split(flags), "--minutes", str(args.minutes),
                  "--seed", str(seed), "--eval-every", "0.1", "--eval-batches", "16", "--log-every", "50",
-                 "--checkpoint-minutes", "1000", "--out", out]
+                 "--checkpoint-minutes", "1000", "--out", out, "--force"]  # replaces an earlier bench's run
 
 
 def run_lanes(jobs, out_root):

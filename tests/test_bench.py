@@ -3,7 +3,8 @@
 The numbers they print depend on the machine. For bench_model (throughput, MFU) what is checked is that it runs,
 times the same work for both models, and turns a throughput into MFU with model.py's FLOP count. For bench_cram
 (ours against Hugging Face BERT at equal wall clock): the speedup analysis on synthetic curves, that both models
-get the same masked targets, that a tiny learning-rate sweep reports every run, and the downstream play task.
+get the same masked targets, that a tiny learning-rate sweep reports every run, and the downstream tasks (which play,
+word order).
 """
 import importlib.util
 import json
@@ -226,11 +227,48 @@ def test_play_task_has_disjoint_balanced_splits_in_the_task_file_format(bench_cr
         assert all(len(s.split()) >= 6 and s.upper() != s and "[" not in s for s in rows["a"])
 
 
+def test_word_order_task_scrambles_half_of_each_split_and_keeps_the_words(bench_cram, tmp_path):
+    import evaluate_glue
+    task = bench_cram.build_order_task(str(tmp_path), train_per_play=100, dev_per_play=20)
+    assert (task["n_train"], task["n_dev"]) == (3 * 100, 3 * 20)
+    name, spec, parsed = evaluate_glue.load_task_file(task["train"], task["dev"])
+    assert spec["classes"] == ["original", "scrambled"]
+    lines = bench_cram.read_plays(bench_cram.CORPUS, bench_cram.HELD_OUT_PLAYS)
+    originals = {s for ls in lines.values() for s in ls}
+    by_words = {tuple(sorted(s.split())): s for s in originals}
+    train_rows, dev_rows = parsed["train"], parsed["dev"][""]
+    for rows, n in ((train_rows, 300), (dev_rows, 60)):
+        assert np.bincount(rows["labels"]).tolist() == [n // 2, n // 2]   # half scrambled
+        for text, label in zip(rows["a"], rows["labels"]):
+            if label == 0:
+                assert text in originals
+            else:                                                         # the same words, another order
+                assert text not in originals and tuple(sorted(text.split())) in by_words
+    source = lambda rows: {by_words[tuple(sorted(t.split()))] for t in rows["a"]}
+    assert not source(train_rows) & source(dev_rows)                      # no line in both splits, in any order
+
+
+def test_word_order_lines_come_from_the_documents_pretraining_holds_out(bench_cram, sample_cache):
+    import data
+    meta = data.prepare_data("sample", sample_cache, 512, progress=False)   # the cached entry, as train.py sees it
+    enc = data.load_tokenizer(os.path.join(meta["dir"], "tokenizer.json"))
+    val_text = "".join(enc.decode(data.read_shard(os.path.join(meta["dir"], f)).tolist()) for f in meta["val"])
+    held_out = bench_cram.read_plays(bench_cram.CORPUS, bench_cram.HELD_OUT_PLAYS)
+    assert all(ls[0] in val_text and ls[-1] in val_text for ls in held_out.values())
+    assert bench_cram.read_plays(bench_cram.CORPUS, ["hamlet"])["hamlet"][0] not in val_text
+
+
 def test_downstream_fine_tunes_the_pretrained_and_a_random_init_copy(bench_cram, sweep, tmp_path):
+    import functools
     results, out = sweep
-    d = bench_cram.downstream(os.path.join(out, "ours_seed0", "final"), str(tmp_path), epochs=1,
-                              train_per_play=10, dev_per_play=5)
-    assert 0 <= d["pretrained"] <= 100 and 0 <= d["random_init"] <= 100
+    tasks = {"plays": functools.partial(bench_cram.build_play_task, train_per_play=10, dev_per_play=5),
+             "word order": functools.partial(bench_cram.build_order_task, train_per_play=10, dev_per_play=4)}
+    d = bench_cram.downstream(os.path.join(out, "ours_seed0", "final"), str(tmp_path), epochs=1, seeds=1,
+                              tasks=tasks)
+    assert set(d["tasks"]) == {"plays", "word order"}
+    assert d["tasks"]["plays"]["chance"] == pytest.approx(100 / 6) and d["tasks"]["word order"]["chance"] == 50
+    for r in d["tasks"].values():
+        assert 0 <= r["pretrained"] <= 100 and 0 <= r["random_init"] <= 100
     init = model.load_model(str(tmp_path / "random_init"))
     trained = model.load_model(os.path.join(out, "ours_seed0", "final"))
     assert init.config == trained.config

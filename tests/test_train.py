@@ -304,8 +304,63 @@ def test_missing_data_path_is_a_one_line_error(tmp_path):
 
 def test_existing_run_is_not_overwritten_without_resume(cache, tmp_path):
     run(cache, tmp_path, "--max-steps", "2")
-    with pytest.raises(SystemExit, match="checkpoint.pt exists; pass --resume"):
+    with pytest.raises(SystemExit, match="checkpoint.pt exists: pass --resume to continue it, --force to replace"):
         run(cache, tmp_path, "--max-steps", "2")
+
+
+def test_a_finished_run_without_its_checkpoint_is_still_not_replaced_silently(cache, tmp_path):
+    run(cache, tmp_path, "--max-steps", "2")
+    os.remove(tmp_path / "checkpoint.pt")
+    with pytest.raises(SystemExit, match=r"log.jsonl exists: it is from an earlier run, --force to replace it"):
+        run(cache, tmp_path, "--max-steps", "3")
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2       # untouched
+    assert run(cache, tmp_path, "--max-steps", "3", "--force")["steps"] == 3
+    assert [r["step"] for r in read_log(tmp_path) if r["kind"] == "train"] == [1, 2, 3]   # only the new run
+
+
+def test_resume_after_a_kill_logs_every_step_once(cache, tmp_path):
+    flags = ["--max-steps", "300", "--checkpoint-steps", "100"]
+    run(cache, tmp_path / "straight", *flags)
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY, "--cache", cache, "--out",
+                             str(tmp_path / "killed"), *flags], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # not a pipe: nobody reads it while we wait
+    log = tmp_path / "killed" / "log.jsonl"
+    while proc.poll() is None and not (log.exists() and '"step": 105,' in log.read_text()):
+        time.sleep(0.005)                  # steps past the checkpoint at 100 are in the log
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    run(cache, tmp_path / "killed", "--resume")
+    steps = lambda name: [(r["kind"], r["step"]) for r in read_log(tmp_path / name)]  # noqa: E731
+    assert steps("killed") == steps("straight")
+
+
+def test_resume_with_a_larger_budget_extends_a_finished_run(cache, tmp_path, capsys):
+    run(cache, tmp_path, "--max-steps", "4")
+    summary = run(cache, tmp_path, "--resume", "--max-steps", "6")
+    assert summary["steps"] == 6
+    assert "resume: budget max_steps 4 -> max_steps 6; progress is now 66.7%" in capsys.readouterr().out
+    assert json.loads((tmp_path / "args.json").read_text())["max_steps"] == 6     # a later resume keeps it
+    assert [r["step"] for r in read_log(tmp_path) if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_resuming_a_finished_run_without_a_larger_budget_says_so(cache, tmp_path):
+    run(cache, tmp_path, "--max-steps", "3")
+    with pytest.raises(SystemExit, match=r"checkpoint.pt has spent its budget \(0 steps left\); give a larger one"):
+        run(cache, tmp_path, "--resume")
+
+
+def test_sigterm_during_data_preparation_exits_cleanly_and_leaves_nothing(tmp_path):
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY, "--vocab-size", "8192",
+                             "--cache", str(cache), "--max-steps", "1", "--out", str(out)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None and not (cache.exists() and any(p.name.endswith(".tmp") for p in cache.iterdir())):
+        time.sleep(0.01)                   # the preparation has started
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert err.strip().splitlines()[-1].startswith("error: stopped by a signal during data preparation")
+    assert not out.exists() and not any(p.name.endswith(".tmp") for p in cache.iterdir())
 
 
 def test_run_killed_after_a_growth_stage_resumes_to_the_same_weights(cache, tmp_path):

@@ -27,6 +27,7 @@ import base64
 import codecs
 import collections
 import concurrent.futures
+import contextlib
 import gzip
 import hashlib
 import http.client
@@ -524,6 +525,25 @@ def _remove_stale_temps(out):
             shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
 
 
+@contextlib.contextmanager
+def exit_cleanly_on_sigterm(cache_dir, message):
+    """While preparing: SIGTERM removes this process's temporary folders in cache_dir, prints message and exits 1.
+    (An exception raised from the handler could surface inside the tokenizer's native code; exiting cannot.)"""
+    def stop(signum, frame):
+        suffix = f".{os.getpid()}.tmp"
+        for name in os.listdir(cache_dir) if os.path.isdir(cache_dir) else ():
+            if name.endswith(suffix):
+                shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        os._exit(1)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _alive(pid):
     try:
         os.kill(pid, 0)
@@ -824,18 +844,12 @@ def main(argv=None):
     p.add_argument("--max-val-tokens", type=int, default=10_000_000, help="cap on validation tokens")
     p.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: CPUs - 1)")
     args = p.parse_args(argv)
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGTERM, interrupt)  # a stopped preparation removes its temporary folder
     try:
-        meta = prepare_data(**vars(args))  # each option's dest is a prepare_data parameter
+        with exit_cleanly_on_sigterm(args.cache_dir, "error: stopped by a signal; nothing was written (the cache "
+                                     "keeps only finished entries)"):
+            meta = prepare_data(**vars(args))  # each option's dest is a prepare_data parameter
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        sys.exit("error: stopped by a signal; nothing was written (the cache keeps only finished entries)")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     r = meta["report"]
     print("---")
     print(f"folder:          {meta['dir']}{' (reused)' if meta['reused'] else ''}")

@@ -181,6 +181,48 @@ def rewarm_factor(progress, at, rewarm):
     return min(1.0, max(0.0, (progress - at) / rewarm))
 
 
+# -----------------------------------------------------------------------------
+# When to grow, decided from the run (--grow-when auto)
+#
+# Staged training (Shen et al. 2022, sec. 4) grows when the small model's training efficiency drops: it tracks the
+# slope s = d log L / d log C of the held-out loss against training compute and grows once s rises above a
+# threshold (-0.0575 for depth, -0.0475 for width there, found on GPT-2 scaling curves). Under L ~ C^s a model
+# whose slope has flattened to s buys less loss per FLOP than a larger one would at the same loss, which still
+# descends on the steeper part of its own curve. No paper ships a rule for a wall-clock budget, so the stages'
+# fractions become deadlines instead: stage k starts at the latest at AUTO_LATEST * k / (stages - 1) of the budget.
+
+AUTO_THRESHOLD = -0.05   # between staged training's depth and width thresholds
+AUTO_WINDOW = 3          # evaluations of the current stage the slope is fitted over
+AUTO_LATEST = 0.6        # the full model gets at least 40% of the budget
+
+
+def loss_slope(points):
+    """Least-squares slope of log(loss) against log(training FLOPs) over [(flops, loss), ...]."""
+    x = torch.tensor([p[0] for p in points], dtype=torch.float64).log()
+    y = torch.tensor([p[1] for p in points], dtype=torch.float64).log()
+    x, y = x - x.mean(), y - y.mean()
+    return float((x @ y) / (x @ x)) if float(x @ x) > 0 else 0.0
+
+
+def auto_deadline(next_stage, n_stages, latest=AUTO_LATEST):
+    """The budget fraction by which stage `next_stage` (1 .. n_stages - 1) starts at the latest."""
+    return latest * next_stage / (n_stages - 1)
+
+
+def auto_should_grow(points, progress, next_stage, n_stages, threshold=AUTO_THRESHOLD, window=AUTO_WINDOW,
+                     latest=AUTO_LATEST):
+    """(grow now?, why) for the current stage, given its held-out evaluations [(flops, loss), ...] in order:
+    "deadline" once progress reaches the stage's deadline, "slope" once the last `window` evaluations' slope
+    is above `threshold`, else (False, None). Never past the last stage: next_stage must exist."""
+    if next_stage >= n_stages:
+        return False, None
+    if progress >= auto_deadline(next_stage, n_stages, latest):
+        return True, "deadline"
+    if len(points) >= window and loss_slope(points[-window:]) > threshold:
+        return True, "slope"
+    return False, None
+
+
 def preserves_function(old, new, method="stack", noise=0.0):
     """Whether growing old -> new with these options keeps logits equal (eval mode, inputs <= old max_seq_len).
     This is the claim tests/test_grow.py checks; see the module docstring for why each case is or is not."""

@@ -80,6 +80,14 @@ def parse_args(argv=None):
     g.add_argument("--grow-noise", type=float, default=0.0, help="std of noise added to copied weights at growth")
     g.add_argument("--grow-rewarm", type=float, default=0.0,
                    help="after each growth, re-warm the learning rate linearly over this fraction of the budget")
+    g.add_argument("--grow-when", choices=["fractions", "auto"], default="fractions",
+                   help="fractions: each stage starts at its budget fraction; auto: when the current stage's held-out "
+                   "loss flattens (slope of log loss against log FLOPs above --grow-slope; the fractions become "
+                   "deadlines). --grow auto is compound's stages with auto")
+    g.add_argument("--grow-slope", type=float, default=grow.AUTO_THRESHOLD,
+                   help="auto: grow once d log(loss) / d log(FLOPs) over the stage's last evaluations is above this")
+    g.add_argument("--grow-check-every", type=float, default=0.02,
+                   help="auto: held-out evaluation for the growth decision every this fraction of the budget")
     g = p.add_argument_group("optimization (defaults: cramming's recipe)")
     g.add_argument("--batch-tokens", type=int, default=None,
                    help="target global batch in tokens, reached by gradient accumulation (default: chosen from the "
@@ -174,6 +182,10 @@ def check_args(parser, args):
     need(args.grow_noise >= 0, "--grow-noise", ">= 0")
     need(0 <= args.grow_rewarm < 1, "--grow-rewarm", "in [0, 1)")
     need(args.grow is None or args.grow.strip(), "--grow", "a schedule or a preset name (leave it out for no growth)")
+    need(0 < args.grow_check_every <= 0.5, "--grow-check-every", "in (0, 0.5]")
+    need(math.isfinite(args.grow_slope), "--grow-slope", "a finite number")
+    if args.grow == "auto":  # shorthand: compound's stages, grown when the loss says so
+        args.grow, args.grow_when = "compound", "auto"
     need(args.eval_batches >= 1, "--eval-batches", ">= 1")
     need(args.log_every >= 1, "--log-every", ">= 1")
     need(args.checkpoint_minutes > 0, "--checkpoint-minutes", "> 0")
@@ -556,17 +568,10 @@ def truncate_log(path, state):
 
 
 def prepare_interruptible(args, device, rank, world):
-    """prepare() with SIGTERM turned into a clean stop: data.py removes its temporary folder, OUT stays empty."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    """prepare() where SIGTERM exits at once with one line: data.py's temporary folder is removed, OUT stays empty."""
+    with data.exit_cleanly_on_sigterm(args.cache, "error: stopped by a signal during data preparation; nothing was "
+                                      "written (the cache keeps only finished entries)"):
         return prepare(args, device, rank, world)
-    except KeyboardInterrupt:
-        raise SystemExit("error: stopped by a signal during data preparation; nothing was written (the cache "
-                         "keeps only finished entries)") from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class Budget:
@@ -642,7 +647,8 @@ def train(args):
     loader = data.make_loader(meta, "train", args.objective, seed=args.seed, rank=rank, world_size=world,
                               mask_rate=args.mask_rate, device=device)
     state = {"step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "stage": 0, "next_eval": args.eval_every,
-             "bad_steps": 0, "skipped_steps": 0}
+             "bad_steps": 0, "skipped_steps": 0,
+             "stage_at": 0.0, "auto_points": [], "next_check": getattr(args, "grow_check_every", 0.02)}
     if ckpt:
         net.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -719,6 +725,21 @@ def train(args):
         progress_after, _, stop = progress_now(micro_seconds)
         return progress_after >= 1.0 or stop
 
+    def growth_is_due(p):
+        """Whether the next growth stage starts now: at its budget fraction, or (--grow-when auto) when
+        grow.auto_should_grow says so from this stage's held-out evaluations, taken every --grow-check-every."""
+        if getattr(args, "grow_when", "fractions") != "auto":
+            return p >= stages[state["stage"] + 1]["at"], "fraction"
+        if p >= state["next_check"]:
+            state["next_check"] = (math.floor(p / args.grow_check_every) + 1) * args.grow_check_every
+            val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
+            state["auto_points"].append([state["flops"], val])
+            if rank == 0:
+                append_log(log_path, {"kind": "eval", "step": state["step"], "tokens": state["tokens"],
+                                      "flops": state["flops"], "elapsed": round(budget.elapsed(), 3),
+                                      "progress": round(p, 5), "val_loss": val, "growth_check": True})
+        return grow.auto_should_grow(state["auto_points"], p, state["stage"] + 1, len(stages), args.grow_slope)
+
     def checkpoint():
         if rank == 0:
             state["log_bytes"] = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # resume cuts here
@@ -732,9 +753,11 @@ def train(args):
             status = "preempted"
             break
 
-        # Growth stages (grow.py) start at the first step past their budget fraction. The held-out loss just
-        # before is measured at the old sequence length, the one after at the new one.
-        if stages and state["stage"] + 1 < len(stages) and p >= stages[state["stage"] + 1]["at"]:
+        # Growth stages (grow.py) start at the first step past their budget fraction, or with --grow-when auto
+        # when this stage's loss has flattened. The held-out loss just before is measured at the old sequence
+        # length, the one after at the new one.
+        due, why = growth_is_due(p) if stages and state["stage"] + 1 < len(stages) else (False, None)
+        if due:
             state["stage"] += 1
             plain = model.unwrap(run_net)
             loss_before = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
@@ -746,7 +769,9 @@ def train(args):
             flops_tok = model.flops_per_token(plain.config, seq_len)
             loss_after = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
             event = {"kind": "grow", "step": state["step"], "tokens": state["tokens"], "elapsed": state["elapsed"],
-                     "progress": p, **event, "val_loss_before": loss_before, "val_loss_after": loss_after}
+                     "progress": p, **event, "val_loss_before": loss_before, "val_loss_after": loss_after,
+                     "reason": why}
+            state["stage_at"], state["auto_points"] = p, [[state["flops"], loss_after]]  # the new stage's curve
             if rank == 0:
                 append_log(log_path, event)
                 bar.write(f"grow at {p:.1%}: {event}")
@@ -754,7 +779,7 @@ def train(args):
         # One optimizer step: accumulate gradients over micro-batches, skipping the all-reduce until the last.
         lr = args.lr * lr_multiplier(p, args.schedule, args.warmup)
         if stages and state["stage"] > 0 and args.grow_rewarm > 0:
-            lr *= grow.rewarm_factor(p, stages[state["stage"]]["at"], args.grow_rewarm)
+            lr *= grow.rewarm_factor(p, state["stage_at"], args.grow_rewarm)
         for group in optimizer.param_groups:
             group["lr"] = lr
         accum = accumulation_steps(p, target_accumulation(seq_len), args.batch_ramp)

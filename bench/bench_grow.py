@@ -1,20 +1,29 @@
-"""Growth against no growth at the same wall-clock budget: does grow.py buy a speedup on this machine?
+"""Growth against the strongest static baseline at the same wall clock: does grow.py buy a speedup, and which part?
 
-    python bench/bench_grow.py                                  # CPU default: 2 seeds x 2 runs of 3 minutes
-    python bench/bench_grow.py --grow gstack                    # G_stack-style depth-only growth
-    python bench/bench_grow.py --minutes 20 --train-flags "--model small --seq-len 128"   # a CUDA GPU, unchanged
+    python bench/bench_grow.py                                   # CPU: 17 arms x 3 seeds x 2 minutes, 2 lanes
+    python bench/bench_grow.py --arms "static lr x1,compound,depth" --seeds 2 --minutes 1
+    python bench/bench_grow.py --reuse                           # finish an interrupted bench, keep finished runs
+    python bench/bench_grow.py --analyze-only                    # re-print the table from the runs in --out
+    python bench/bench_grow.py --train-flags "--model mini --vocab-size 8192 --seq-len 128 --micro-batch 32 \
+        --batch-tokens 4096" --minutes 10 --out runs/bench_grow_mini          # the mini shape (4 x 256)
 
-For every seed it runs train.py twice on the bundled Shakespeare sample with the same target model, learning-rate
-schedule, batch ramp and budget: once without growth (the baseline) and once with --grow SCHEDULE. On a CPU the two
-run at the same time with one thread each, so load from other processes hits both alike (on a shared 2-core machine
-one run alone saw 2-40x swings in tokens/s); on a GPU they run one after the other. From each run's log.jsonl it reads
-the held-out loss curve and reports:
-  * loss at equal time: both final held-out losses (the budget is the same);
-  * time speedup: baseline's time to its final loss / growth run's time to reach that loss (linearly interpolated
-    between evaluations; only evaluations of the fully grown model count, since a shorter sequence stage has
-    a different loss). Growth's papers report this as "x% faster" = speedup - 1;
-  * FLOP speedup: the same at equal training FLOPs (model.flops_per_token of each stage times its tokens).
-Wall-clock numbers on a shared CPU are noisy: read the per-seed rows, not only the mean. Prints a table, writes JSON.
+Every arm is train.py on the bundled sample with the same target model (--train-flags: shape, vocabulary, tokens
+per step), data, budget, evaluation and a fully decayed schedule, and today's recipe (rotary positions, the
+learning rate of the width rule). The arms:
+  * static baselines: the target at 0.5x, 1x and 2x the width rule's learning rate, and the target with half and
+    a quarter of its layers. The one with the lowest mean final held-out loss is the STRONGEST BASELINE; every
+    speedup is measured against it, seed by seed;
+  * attribution: compound growth (depth, FFN width and length at 1/4, then 1/2 of the target, full at 40% of the
+    budget), each of its three parts alone and in pairs on the same fractions, the first stage kept static for
+    the whole budget (its loss is at its own 16-token length: labelled, not comparable, no speedup), G_stack, and
+    function-preserving depth growth (method zero, msg) against plain stacking;
+  * `compound, auto`: compound's stages, each started when grow.auto_should_grow sees its loss flatten
+    (train.py --grow auto).
+Runs go two at a time with one thread each (bench_recipe.run_lanes), seed by seed in the arm order above, so load
+from other processes hits neighbouring arms alike. From each log: the final held-out loss (equal time), the time
+speedup (strongest baseline's seconds to its final loss / the arm's seconds to reach it, interpolated; only
+evaluations of the fully grown model count) and the same in training FLOPs. Median and range over seeds. Writes
+bench_grow.json (every curve) and curves.png (matplotlib, optional).
 """
 import argparse
 import json
@@ -22,39 +31,76 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 
-import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path[:0] = [ROOT, BENCH]
 import data  # noqa: E402
 import model  # noqa: E402
+from bench_recipe import run_lanes  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# A target small enough for a CPU: 8 layers of width 64 at 64 tokens; the schedule grows toward it. Cramming's
-# sinusoidal positions, with which the README's growth table was measured (train.py now defaults to rotary).
+# The CPU target: 8 layers of width 64 at 64 tokens, 1,024 tokens per step (about 500 steps in 2 minutes on one
+# thread, the recipe's ~1,000-step rule at half the budget).
 CPU_TARGET = ("--model tiny --n-layers 8 --d-model 64 --n-heads 4 --ffn-dim 128 --seq-len 64 --vocab-size 512 "
-              "--micro-batch 16 --batch-tokens 1024 --lr 2e-3 --positions sinusoidal")
+              "--micro-batch 16 --batch-tokens 1024")
+BASELINES = ("static lr x0.5", "static lr x1", "static lr x2", "static half depth", "static quarter depth")
 
 
-def parse_args():
+def target_config(train_flags):
+    """The target model's config and the width rule's learning rate, as train.py resolves --train-flags."""
+    import train
+    args = train.parse_args(["--max-steps", "1", *shlex.split(train_flags)])
+    cfg = train.model_config(args, args.vocab_size or 512)
+    return cfg, args.lr or round(1e-3 * 768 / cfg["d_model"], 6)  # train.choose_defaults' rule
+
+
+def stages(cfg, keys, method=None):
+    """Compound's fractions (0, 0.2, 0.4) growing only `keys` of layers/ffn/seq: 1/4, 1/2, then the target."""
+    full = {"layers": cfg["n_layers"], "ffn": cfg["ffn_dim"], "seq": cfg["max_seq_len"]}
+    part = lambda k: ",".join(f"{key}={max(1, full[key] // k)}" for key in keys)  # noqa: E731
+    tail = f",method={method}" if method else ""
+    return f"'0:{part(4)}; 0.2:{part(2)}{tail}; 0.4:{part(1)}{tail}'"
+
+
+def arm_flags(cfg, lr):
+    """{arm name: the train.py flags it adds to --train-flags}, in running order."""
+    L, f, T = cfg["n_layers"], cfg["ffn_dim"], cfg["max_seq_len"]
+    return {
+        "static lr x0.5": f"--lr {lr / 2:g}", "static lr x1": f"--lr {lr:g}", "static lr x2": f"--lr {lr * 2:g}",
+        "static half depth": f"--lr {lr:g} --n-layers {max(1, L // 2)}",
+        "static quarter depth": f"--lr {lr:g} --n-layers {max(1, L // 4)}",
+        "compound": f"--lr {lr:g} --grow compound",
+        "depth": f"--lr {lr:g} --grow {stages(cfg, ['layers'])}",
+        "ffn": f"--lr {lr:g} --grow {stages(cfg, ['ffn'])}",
+        "seq": f"--lr {lr:g} --grow {stages(cfg, ['seq'])}",
+        "depth+ffn": f"--lr {lr:g} --grow {stages(cfg, ['layers', 'ffn'])}",
+        "depth+seq": f"--lr {lr:g} --grow {stages(cfg, ['layers', 'seq'])}",
+        "ffn+seq": f"--lr {lr:g} --grow {stages(cfg, ['ffn', 'seq'])}",
+        "first stage, static (own length)": f"--lr {lr:g} --n-layers {max(1, L // 4)} --ffn-dim {max(1, f // 4)} "
+                                            f"--seq-len {max(4, T // 4)}",
+        "gstack": f"--lr {lr:g} --grow gstack",
+        "depth, method zero": f"--lr {lr:g} --grow {stages(cfg, ['layers'], 'zero')}",
+        "depth, method msg": f"--lr {lr:g} --grow {stages(cfg, ['layers'], 'msg')}",
+        "compound, auto": f"--lr {lr:g} --grow auto",
+    }
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--grow", default="compound", help="growth schedule for train.py --grow (text or preset name)")
-    p.add_argument("--minutes", type=float, default=3.0, help="wall-clock budget of every run, in minutes")
-    p.add_argument("--seeds", type=int, default=2, help="number of seeds (each runs baseline and growth)")
-    p.add_argument("--train-flags", default=CPU_TARGET, help="train.py flags shared by all runs (target model, batch)")
+    p.add_argument("--arms", default=None, help="comma-separated arm names (default: all; see arm_flags)")
+    p.add_argument("--minutes", type=float, default=2.0, help="wall-clock budget of every run, in minutes")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per arm")
+    p.add_argument("--train-flags", default=CPU_TARGET, help="train.py flags of the target, shared by all arms")
     p.add_argument("--eval-every", type=float, default=0.04, help="held-out evaluation interval, fraction of budget")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per evaluation")
     p.add_argument("--out", default="runs/bench_grow", help="folder for the runs and the JSON result")
     p.add_argument("--cache", default="cache", help="train.py's data cache")
-    p.add_argument("--analyze-only", action="store_true",
-                   help="do not train: recompute the table from the runs already in --out")
-    p.add_argument("--parallel", choices=["auto", "on", "off"], default="auto",
-                   help="run baseline and growth of a seed at the same time, one thread each (auto: on a CPU)")
-    args = p.parse_args()
+    p.add_argument("--reuse", action="store_true", help="keep the finished runs already in --out, run the rest")
+    p.add_argument("--analyze-only", action="store_true", help="do not train: analyze the runs already in --out")
+    args = p.parse_args(argv)
     if args.minutes <= 0 or args.seeds < 1:
         p.error("--minutes must be positive and --seeds >= 1")
     return args
@@ -80,13 +126,13 @@ def read_run(folder):
         final = json.load(f)
     grows = [r for r in records if r["kind"] == "grow"]
     # Stages as (tokens at start, config); train.py counts the tokens actually fed (at each stage's length).
-    stages = [(0, shape_config(final, grows[0]["from"]) if grows else final)]
-    stages += [(g["tokens"], shape_config(final, g["to"])) for g in grows]
+    stages_ = [(0, shape_config(final, grows[0]["from"]) if grows else final)]
+    stages_ += [(g["tokens"], shape_config(final, g["to"])) for g in grows]
 
     def flops_at(tokens):
         total = 0.0
-        for i, (start, cfg) in enumerate(stages):
-            end = min(tokens, stages[i + 1][0]) if i + 1 < len(stages) else tokens
+        for i, (start, cfg) in enumerate(stages_):
+            end = min(tokens, stages_[i + 1][0]) if i + 1 < len(stages_) else tokens
             total += max(0, end - start) * model.flops_per_token(cfg)
         return total
 
@@ -113,7 +159,7 @@ def first_reach(curve, target, axis):
 
 
 def compare(base, grown):
-    """One seed's numbers from the two curves."""
+    """One seed's numbers for an arm's curve against the baseline's."""
     target = base[-1][2]
     t_base, f_base = base[-1][0], base[-1][1]
     t_grow, f_grow = first_reach(grown, target, 0), first_reach(grown, target, 1)
@@ -125,101 +171,129 @@ def compare(base, grown):
 
 
 # -----------------------------------------------------------------------------
+# Analysis
+
+def strongest_baseline(curves, baselines=BASELINES):
+    """The baseline arm with the lowest mean final held-out loss over the seeds it has, or None. curves: {arm:
+    {seed: curve}}; arms or seeds that did not run are simply missing."""
+    finals = {a: [c[-1][2] for c in curves[a].values()] for a in baselines if curves.get(a)}
+    return min(finals, key=lambda a: statistics.mean(finals[a])) if finals else None
+
+
+def spread(values):
+    """(median, min, max) of the values that exist, or (None, None, None); `reached` counts them."""
+    xs = [v for v in values if v is not None]
+    return (statistics.median(xs), min(xs), max(xs)) if xs else (None, None, None)
+
+
+def analyze(curves):
+    """Per arm: final losses per seed, and median / range of the speedups against the strongest baseline."""
+    best = strongest_baseline(curves)
+    rows = []
+    for arm, by_seed in curves.items():
+        finals = {s: c[-1][2] for s, c in by_seed.items()}
+        row = {"arm": arm, "final_loss": finals, "mean_loss": statistics.mean(finals.values()),
+               "comparable": not arm.startswith("first stage")}
+        if best and row["comparable"] and arm != best:
+            per_seed = {s: compare(curves[best][s], c) for s, c in by_seed.items() if s in curves[best]}
+            row["per_seed"] = per_seed
+            for key in ("time_speedup", "flop_speedup"):
+                row[key] = spread([r[key] for r in per_seed.values()])
+            row["reached"] = sum(r["time_speedup"] is not None for r in per_seed.values())
+        rows.append(row)
+    return {"strongest_baseline": best, "rows": rows}
+
+
+def fmt_spread(t):
+    median, low, high = t
+    return "not reached" if median is None else f"{median:.2f}x [{low:.2f}-{high:.2f}]"
+
+
+def print_table(result):
+    best = result["strongest_baseline"]
+    print(f"\nstrongest static baseline: {best}")
+    print(f"{'arm':<34} | {'final held-out loss per seed':<28} | {'mean':>6} | {'time speedup':>22} | "
+          f"{'FLOP speedup':>22} | reached")
+    for r in result["rows"]:
+        losses = " ".join(f"{r['final_loss'][s]:.3f}" for s in sorted(r["final_loss"]))
+        if "time_speedup" in r:
+            extra = (f"{fmt_spread(r['time_speedup']):>22} | {fmt_spread(r['flop_speedup']):>22} | "
+                     f"{r['reached']}/{len(r['per_seed'])}")
+        else:
+            note = "(the baseline)" if r["arm"] == best else "" if r["comparable"] else "(own length: not comparable)"
+            extra = f"{note:>22} |"
+        print(f"{r['arm']:<34} | {losses:<28} | {r['mean_loss']:6.3f} | {extra}")
+
+
+def plot(curves, path):
+    """Held-out loss against seconds, every arm and seed (seed 0 labelled); skipped without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for i, (arm, by_seed) in enumerate(curves.items()):
+        color = plt.cm.tab20(i % 20)
+        for s, c in sorted(by_seed.items()):
+            ax.plot([p[0] for p in c], [p[2] for p in c], color=color, lw=2.0 if arm.startswith("static") else 1.0,
+                    ls="--" if arm.startswith("static") else "-", alpha=0.9, label=arm if s == min(by_seed) else None)
+    ax.set(xlabel="wall-clock seconds", ylabel="held-out MLM loss", title="growth against static baselines")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# -----------------------------------------------------------------------------
 # Running
 
-def train_command(args, out, seed, grow=None):
+def train_command(args, out, seed, flags):
     """The train.py command line of one run; --force replaces the outputs of an earlier bench."""
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--data", "sample", "--cache", args.cache,
-           *shlex.split(args.train_flags), "--minutes", str(args.minutes), "--seed", str(seed),
-           "--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches), "--log-every", "10",
-           "--checkpoint-minutes", "1000", "--out", out, "--force"]
-    return cmd + (["--grow", grow] if grow else [])
+    return [sys.executable, os.path.join(ROOT, "train.py"), "--data", "sample", "--cache", args.cache,
+            *shlex.split(args.train_flags), *shlex.split(flags), "--minutes", str(args.minutes), "--seed", str(seed),
+            "--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches), "--log-every", "10",
+            "--checkpoint-minutes", "1000", "--out", out, "--force"]
 
 
-def run_pair(args, seed, parallel):
-    """Baseline and growth run of one seed, as fresh train.py processes. parallel: both at once with one thread
-    each, so a load spike from another process slows both alike (a shared CPU); else one after the other."""
-    outs = [os.path.join(args.out, f"{name}-seed{seed}") for name in ("baseline", "growth")]
-    cmds = [train_command(args, outs[0], seed), train_command(args, outs[1], seed, args.grow)]
-    env = dict(os.environ, **({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if parallel else {}))
-    start, procs = time.time(), []
-    for cmd, out in zip(cmds, outs):
-        # Output goes to a file, never to an undrained pipe: a full pipe would block that run mid-budget.
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "train_output.txt"), "w") as log:
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
-        if not parallel:
-            procs[-1].wait()
-    for cmd, out, proc in zip(cmds, outs, procs):
-        if proc.wait():
-            with open(os.path.join(out, "train_output.txt")) as f:
-                tail = f.read()[-2000:]
-            raise SystemExit(f"bench_grow.py: train.py failed ({shlex.join(cmd)}):\n{tail}")
-    print(f"  seed {seed}: {time.time() - start:.0f} s", flush=True)
-    return read_run(outs[0]), read_run(outs[1])
+def folder(args, arm, seed):
+    return os.path.join(args.out, re.sub(r"[^a-z0-9.+]+", "_", arm.lower()).strip("_") + f"-seed{seed}")
 
 
-def prepare_cache(args):
-    """Prepare the data once (tokenizer + shards) so its time is in no run's budget."""
-    cmd = train_command(args, os.path.join(args.out, "prepare"), 0)
-    cmd[cmd.index("--minutes") + 1] = "0.001"
-    r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode:
-        raise SystemExit(f"bench_grow.py: data preparation failed:\n{r.stdout[-2000:]}")
-
-
-def print_table(rows):
-    """One line per seed; 'not reached' where the growth run never got down to the baseline's final loss."""
-    def cell(v, spec, width=11):
-        return format("not reached" if v is None else format(v, spec), f">{width}")
-    print(f"\n{'seed':>4} | {'loss base':>9} | {'loss grow':>9} | {'t base s':>8} | {'t grow s':>11} | "
-          f"{'time x':>11} | {'GFLOP base':>10} | {'GFLOP grow':>11} | {'FLOP x':>11}")
-    for r in rows:
-        grow_gflop = r["growth_flops_to_baseline_loss"] and r["growth_flops_to_baseline_loss"] / 1e9
-        print(f"{r['seed']:>4} | {r['baseline_loss']:9.4f} | {r['growth_loss']:9.4f} | {r['baseline_seconds']:8.1f} | "
-              f"{cell(r['growth_seconds_to_baseline_loss'], '.1f')} | {cell(r['time_speedup'], '.2f')} | "
-              f"{r['baseline_flops'] / 1e9:10.1f} | {cell(grow_gflop, '.1f')} | {cell(r['flop_speedup'], '.2f')}")
-
-
-def summarize(rows):
-    """Means over seeds. Speedups are averaged over the seeds whose growth run reached the baseline's loss;
-    `reached` says how many did (a seed that never got there had a speedup below 1 at this budget)."""
-    def mean(key):
-        values = [r[key] for r in rows if r[key] is not None]
-        return statistics.mean(values) if values else None
-    return {"baseline_loss": mean("baseline_loss"), "growth_loss": mean("growth_loss"),
-            "loss_gain_at_equal_time": statistics.mean(r["baseline_loss"] - r["growth_loss"] for r in rows),
-            "time_speedup": mean("time_speedup"), "flop_speedup": mean("flop_speedup"),
-            "reached": sum(r["time_speedup"] is not None for r in rows), "seeds": len(rows)}
-
-
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
+    cfg, lr = target_config(args.train_flags)
+    flags = arm_flags(cfg, lr)
+    names = list(flags) if not args.arms else [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in names if a not in flags]
+    if unknown:
+        raise SystemExit(f"error: --arms: unknown arm(s) {unknown}; known: {', '.join(flags)}")
     os.makedirs(args.out, exist_ok=True)
-    print(f"growth {args.grow!r} vs no growth, {args.minutes} min each, {args.seeds} seed(s); train flags: "
-          f"{args.train_flags}", flush=True)
-    parallel = args.parallel == "on" or (args.parallel == "auto" and not torch.cuda.is_available())
-    print(f"runs of a seed {'in parallel, one thread each' if parallel else 'one after the other'}", flush=True)
+    print(f"{len(names)} arms x {args.seeds} seeds x {args.minutes} min, two lanes of one thread; target: "
+          f"{args.train_flags} (lr {lr:g} by the width rule)", flush=True)
+    start = time.time()
     if not args.analyze_only:
-        prepare_cache(args)
-    rows = []
-    for seed in range(args.seeds):
-        if args.analyze_only:
-            base, grown = (read_run(os.path.join(args.out, f"{n}-seed{seed}")) for n in ("baseline", "growth"))
-        else:
-            base, grown = run_pair(args, seed, parallel)
-        rows.append({"seed": seed, **compare(base, grown),
-                     "baseline_curve": base, "growth_curve": grown})
-
-    print_table(rows)
-    summary = summarize(rows)
-    print("---")
-    for k, v in summary.items():
-        print(f"{k:>14}: {v if not isinstance(v, float) else round(v, 4)}")
-    result = {"args": vars(args), "summary": summary, "seeds": rows}
+        jobs = []
+        for seed in range(args.seeds):
+            for arm in names:
+                out = folder(args, arm, seed)
+                if not (args.reuse and os.path.exists(os.path.join(out, "summary.json"))):
+                    jobs.append((out, train_command(args, out, seed, flags[arm])))
+        run_lanes(jobs, args.out)
+    curves = {a: {s: read_run(folder(args, a, s)) for s in range(args.seeds)
+                  if os.path.exists(os.path.join(folder(args, a, s), "summary.json"))} for a in names}
+    curves = {a: c for a, c in curves.items() if c}
+    result = analyze(curves)
+    print_table(result)
+    print(f"({time.time() - start:.0f} s)")
+    blob = {"args": vars(args), "flags": {a: flags[a] for a in names}, "target": cfg, **result, "curves": curves}
     path = os.path.join(args.out, "bench_grow.json")
-    data.atomic_write(path, lambda f: f.write(json.dumps(result, indent=1).encode()))
-    print(f"wrote {path}")
+    data.atomic_write(path, lambda f: f.write(json.dumps(blob, indent=1).encode()))
+    png = plot(curves, os.path.join(args.out, "curves.png"))
+    print(f"wrote {path}" + (f" and {png}" if png else " (pip install matplotlib for curves.png)"))
+    return blob
 
 
 if __name__ == "__main__":

@@ -294,3 +294,52 @@ def test_recipe_arms_are_sized_from_the_default_run_and_keep_head_sizes_even(ben
 def test_recipe_table_reports_each_arm_against_the_default_mean(bench_recipe):
     rows = bench_recipe.table({"default": [3.0, 3.2], "lr/2": [2.9, 3.1]}, ["default", "lr/2"])
     assert rows[1][0] == "lr/2" and abs(rows[1][2] - 3.0) < 1e-12 and abs(rows[1][3] + 0.1) < 1e-12
+
+
+# --- bench_grow: growth against the strongest static baseline ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bench_grow():
+    return load_bench("bench_grow")
+
+
+def grow_curve(*points, grown=True):
+    """Synthetic evaluations (elapsed s, FLOPs, loss, fully grown?)."""
+    return [(t, f, loss, grown) for t, f, loss in points]
+
+
+def test_grow_arms_take_compound_fractions_one_dimension_at_a_time(bench_grow):
+    cfg, lr = bench_grow.target_config(bench_grow.CPU_TARGET)
+    assert (cfg["n_layers"], cfg["ffn_dim"], cfg["max_seq_len"], lr) == (8, 128, 64, 0.012)
+    flags = bench_grow.arm_flags(cfg, lr)
+    assert flags["depth"] == "--lr 0.012 --grow '0:layers=2; 0.2:layers=4; 0.4:layers=8'"
+    assert flags["ffn+seq"] == "--lr 0.012 --grow '0:ffn=32,seq=16; 0.2:ffn=64,seq=32; 0.4:ffn=128,seq=64'"
+    assert flags["depth, method zero"].endswith("0.2:layers=4,method=zero; 0.4:layers=8,method=zero'")
+    assert flags["static lr x2"] == "--lr 0.024" and flags["static quarter depth"] == "--lr 0.012 --n-layers 2"
+    assert set(bench_grow.BASELINES) <= set(flags)
+
+
+def test_the_strongest_baseline_is_the_lowest_mean_final_loss_and_missing_runs_are_skipped(bench_grow):
+    curves = {"static lr x1": {0: grow_curve((60, 1e9, 4.0)), 1: grow_curve((60, 1e9, 4.2))},
+              "static half depth": {0: grow_curve((60, 1e9, 3.9)), 1: grow_curve((60, 1e9, 4.1))},
+              "static lr x2": {}}                                           # never ran
+    assert bench_grow.strongest_baseline(curves) == "static half depth"
+    assert bench_grow.strongest_baseline({"compound": curves["static lr x1"]}) is None
+
+
+def test_grow_analysis_measures_speedups_against_the_strongest_baseline_only(bench_grow):
+    base = grow_curve((30, 1e9, 5.0), (60, 2e9, 4.0))
+    curves = {"static lr x1": {0: base, 1: base},
+              "static lr x2": {0: grow_curve((60, 2e9, 4.5)), 1: grow_curve((60, 2e9, 4.5))},
+              "compound": {0: grow_curve((10, 1e8, 6.0), grown=False) + grow_curve((20, 2e8, 4.5), (30, 4e8, 3.5)),
+                           1: grow_curve((60, 2e9, 4.2))},                  # seed 1 never reaches 4.0
+              "first stage, static (own length)": {0: grow_curve((60, 1e9, 3.0))}}
+    result = bench_grow.analyze(curves)
+    assert result["strongest_baseline"] == "static lr x1"
+    rows = {r["arm"]: r for r in result["rows"]}
+    compound = rows["compound"]
+    assert compound["per_seed"][0]["growth_seconds_to_baseline_loss"] == pytest.approx(25.0)  # 4.5 -> 3.5 at 20 -> 30
+    assert compound["time_speedup"] == pytest.approx((60 / 25, 60 / 25, 60 / 25)) and compound["reached"] == 1
+    assert "time_speedup" not in rows["first stage, static (own length)"] and \
+        not rows["first stage, static (own length)"]["comparable"]
+    assert "time_speedup" not in rows["static lr x1"]

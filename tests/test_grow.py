@@ -397,3 +397,41 @@ def test_train_py_rewarms_the_learning_rate_after_growth(tmp_path):
     # growth happens before step 11 (p = 0.5); the rate then climbs linearly back over 0.2 of the budget = 4 steps
     factors = [steps[s]["lr"] / (1e-3 * train.lr_multiplier(steps[s]["progress"])) for s in (10, 11, 12, 13, 15, 16)]
     assert factors == pytest.approx([1.0, 0.0, 0.25, 0.5, 1.0, 1.0])
+
+
+# --- when to grow, from the run (--grow-when auto) -------------------------------------------------------------
+
+def power_law(flops, exponent, scale=10.0):
+    return [(c, scale * c ** exponent) for c in flops]
+
+
+def test_loss_slope_recovers_a_power_law_exponent():
+    assert grow.loss_slope(power_law([1e9, 2e9, 4e9, 8e9], -0.1)) == pytest.approx(-0.1)
+
+
+def test_auto_grows_when_the_loss_flattens_not_while_it_falls_steeply():
+    steep, flat = power_law([1e9, 2e9, 4e9], -0.2), power_law([1e9, 2e9, 4e9], -0.01)
+    assert grow.auto_should_grow(steep, 0.1, 1, 3) == (False, None)
+    assert grow.auto_should_grow(flat, 0.1, 1, 3) == (True, "slope")
+    assert grow.auto_should_grow(flat[:2], 0.1, 1, 3) == (False, None)        # too few evaluations to judge
+
+
+def test_auto_stage_deadlines_leave_the_full_model_its_share_of_the_budget():
+    assert [grow.auto_deadline(k, 3) for k in (1, 2)] == pytest.approx([0.3, 0.6])
+    steep = power_law([1e9, 2e9, 4e9], -0.2)
+    assert grow.auto_should_grow(steep, 0.3, 1, 3) == (True, "deadline")
+    assert grow.auto_should_grow(steep, 0.99, 3, 3) == (False, None)          # never past the last stage
+
+
+def test_auto_on_a_synthetic_run_grows_in_order_and_stops_at_the_last_stage():
+    """Each stage's loss follows its own power law that flattens over time; the decision only moves forward."""
+    stage, points, history = 0, [], []
+    for i in range(1, 101):
+        p, flops = i / 100, 1e9 * i
+        points.append((flops, 5.0 * flops ** (-0.3 / (1 + 5 * len(points)))))  # flatter with every evaluation
+        due, _ = grow.auto_should_grow(points, p, stage + 1, 3)
+        if due:
+            stage, points = stage + 1, []
+        history.append(stage)
+    assert history == sorted(history) and history[-1] == 2                    # never shrinks, ends at the target
+    assert history.index(2) <= 60                                              # by the last deadline

@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+import grow
 import model
 import train
 
@@ -363,9 +364,10 @@ def test_sigterm_during_data_preparation_exits_cleanly_and_leaves_nothing(tmp_pa
     assert not out.exists() and not any(p.name.endswith(".tmp") for p in cache.iterdir())
 
 
-def test_run_killed_after_a_growth_stage_resumes_to_the_same_weights(cache, tmp_path):
+@pytest.mark.parametrize("when", ["fractions", "auto"])
+def test_run_killed_after_a_growth_stage_resumes_to_the_same_weights(cache, tmp_path, when):
     flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50", "--eval-every", "0.25",
-             "--grow", "0:layers=1,ffn=64; 0.5:layers=2,ffn=128"]
+             "--grow", "0:layers=1,ffn=64; 0.5:layers=2,ffn=128", "--grow-when", when]
     run(cache, tmp_path / "straight", *flags)
     proc = spawn(cache, tmp_path / "killed", *flags)
     log, ckpt = tmp_path / "killed" / "log.jsonl", tmp_path / "killed" / "checkpoint.pt"
@@ -381,3 +383,23 @@ def test_run_killed_after_a_growth_stage_resumes_to_the_same_weights(cache, tmp_
     assert summary["steps"] == 300
     a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_grow_auto_grows_when_the_held_out_loss_flattens_and_logs_why(cache, tmp_path):
+    run(cache, tmp_path, "--max-steps", "100", "--grow", "auto", "--grow-check-every", "0.05", "--grow-slope",
+        "-0.5")                                            # a steep threshold: any slowing-down counts as flat
+    log = read_log(tmp_path)
+    grows = [r for r in log if r["kind"] == "grow"]
+    checks = [r for r in log if r.get("growth_check")]
+    assert [g["reason"] for g in grows] == ["slope", "slope"]      # compound's three stages, both grown early
+    assert grows[0]["progress"] < 0.3 and grows[1]["progress"] < 0.6  # before the deadlines
+    assert len(checks) >= 2 * grow.AUTO_WINDOW - 1                  # the new stage's first point is its growth
+    assert json.loads((tmp_path / "args.json").read_text())["grow_when"] == "auto"
+
+
+def test_grow_auto_with_a_flat_threshold_waits_for_the_deadlines(cache, tmp_path):
+    run(cache, tmp_path, "--max-steps", "100", "--grow", "auto", "--grow-check-every", "0.05", "--grow-slope",
+        "10")                                              # no curve is ever that flat
+    grows = [r for r in read_log(tmp_path) if r["kind"] == "grow"]
+    assert [g["reason"] for g in grows] == ["deadline", "deadline"]
+    assert [round(g["progress"], 2) for g in grows] == [0.3, 0.6]

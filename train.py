@@ -69,6 +69,8 @@ def parse_args(argv=None):
     for key in ("norm", "norm_position", "ffn"):
         g.add_argument("--" + key.replace("_", "-"), choices=model.CHOICES[key], default=None,
                        help=f"override the preset's {key}")
+    g.add_argument("--embedding-norm", choices=["on", "off"], default=None,
+                   help="a norm right after the embedding (BLOOM's embedding LayerNorm; default: the preset's, on)")
     g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's; cramming: 128)")
     g.add_argument("--mask-rate", type=float, default=0.25, help="fraction of tokens masked for MLM (cramming: 0.25)")
     g.add_argument("--grow", default=None, help="growth schedule (grow.py), e.g. "
@@ -205,6 +207,8 @@ def model_config(args, vocab_size):
     """The model config of the run (before any growth stage): preset, then the flags that override it."""
     overrides = {k: getattr(args, k) for k in ("n_layers", "d_model", "n_heads", "ffn_dim", "positions", "norm",
                                                 "norm_position", "ffn") if getattr(args, k) is not None}
+    if getattr(args, "embedding_norm", None):  # absent from the args.json of runs saved before the flag
+        overrides["embedding_norm"] = args.embedding_norm == "on"
     return model.make_config(args.model, **overrides, vocab_size=vocab_size, max_seq_len=args.seq_len,
                              objective=args.objective, mask_rate=args.mask_rate, dropout=0.0)
 

@@ -343,3 +343,10 @@ def test_grow_analysis_measures_speedups_against_the_strongest_baseline_only(ben
     assert "time_speedup" not in rows["first stage, static (own length)"] and \
         not rows["first stage, static (own length)"]["comparable"]
     assert "time_speedup" not in rows["static lr x1"]
+
+
+def test_ablation_arms_cross_four_position_schemes_with_and_without_the_embedding_norm():
+    bench_ablation = load_bench("bench_ablation")
+    assert len(bench_ablation.ARMS) == 8
+    assert bench_ablation.ARMS["alibi, no emb norm"] == "--positions alibi --embedding-norm off"
+    assert "--objective clm" in bench_ablation.TARGET

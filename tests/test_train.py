@@ -403,3 +403,8 @@ def test_grow_auto_with_a_flat_threshold_waits_for_the_deadlines(cache, tmp_path
     grows = [r for r in read_log(tmp_path) if r["kind"] == "grow"]
     assert [g["reason"] for g in grows] == ["deadline", "deadline"]
     assert [round(g["progress"], 2) for g in grows] == [0.3, 0.6]
+
+
+def test_embedding_norm_can_be_switched_off(cache, tmp_path):
+    run(cache, tmp_path, "--max-steps", "1", "--embedding-norm", "off")
+    assert json.loads((tmp_path / "final" / "config.json").read_text())["embedding_norm"] is False

@@ -203,7 +203,7 @@ def pick(logprobs, choices):
 
 def evaluate_items(net, enc, kind, items, progress=True, desc=""):
     """Score one task. Returns its metrics (percent; perplexity as a number) and the per-item results."""
-    specials = {k: v for k, v in data.special_ids(enc).items()}
+    specials = data.special_ids(enc)
     score = score_causal if net.config["objective"] == "clm" else score_masked
     T = net.config["max_seq_len"]
     per_item = []

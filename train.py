@@ -207,7 +207,7 @@ def model_config(args, vocab_size):
     """The model config of the run (before any growth stage): preset, then the flags that override it."""
     overrides = {k: getattr(args, k) for k in ("n_layers", "d_model", "n_heads", "ffn_dim", "positions", "norm",
                                                 "norm_position", "ffn") if getattr(args, k) is not None}
-    if getattr(args, "embedding_norm", None):  # absent from the args.json of runs saved before the flag
+    if args.embedding_norm:
         overrides["embedding_norm"] = args.embedding_norm == "on"
     return model.make_config(args.model, **overrides, vocab_size=vocab_size, max_seq_len=args.seq_len,
                              objective=args.objective, mask_rate=args.mask_rate, dropout=0.0)
@@ -652,7 +652,7 @@ def train(args):
                               mask_rate=args.mask_rate, device=device)
     state = {"step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "stage": 0, "next_eval": args.eval_every,
              "bad_steps": 0, "skipped_steps": 0,
-             "stage_at": 0.0, "auto_points": [], "next_check": getattr(args, "grow_check_every", 0.02)}
+             "stage_at": 0.0, "auto_points": [], "next_check": args.grow_check_every}
     if ckpt:
         net.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -732,7 +732,7 @@ def train(args):
     def growth_is_due(p):
         """Whether the next growth stage starts now: at its budget fraction, or (--grow-when auto) when
         grow.auto_should_grow says so from this stage's held-out evaluations, taken every --grow-check-every."""
-        if getattr(args, "grow_when", "fractions") != "auto":
+        if args.grow_when != "auto":
             return p >= stages[state["stage"] + 1]["at"], "fraction"
         if p >= state["next_check"]:
             state["next_check"] = (math.floor(p / args.grow_check_every) + 1) * args.grow_check_every

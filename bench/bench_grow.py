@@ -87,6 +87,23 @@ def arm_flags(cfg, lr):
     }
 
 
+def split_arms(text, known):
+    """'static lr x1,compound, auto' -> (['static lr x1', 'compound, auto'], unknown pieces). Some arm names hold
+    a comma, so the longest run of comma-separated pieces that names a known arm wins."""
+    pieces, names, unknown, i = [p.strip() for p in text.split(",")], [], [], 0
+    while i < len(pieces):
+        for j in range(len(pieces), i, -1):
+            if ", ".join(pieces[i:j]) in known:
+                names.append(", ".join(pieces[i:j]))
+                i = j
+                break
+        else:
+            if pieces[i]:
+                unknown.append(pieces[i])
+            i += 1
+    return names, unknown
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -276,10 +293,9 @@ def main(argv=None):
     args = parse_args(argv)
     cfg, lr = target_config(args.train_flags)
     flags = arm_flags(cfg, lr)
-    names = list(flags) if not args.arms else [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in names if a not in flags]
+    names, unknown = split_arms(args.arms, flags) if args.arms else (list(flags), [])
     if unknown:
-        raise SystemExit(f"error: --arms: unknown arm(s) {unknown}; known: {', '.join(flags)}")
+        raise SystemExit(f"error: --arms: unknown arm(s) {unknown}; known: {'; '.join(flags)}")
     os.makedirs(args.out, exist_ok=True)
     print(f"{len(names)} arms x {args.seeds} seeds x {args.minutes} min, two lanes of one thread; target: "
           f"{args.train_flags} (lr {lr:g} by the width rule)", flush=True)

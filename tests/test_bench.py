@@ -319,6 +319,12 @@ def test_grow_arms_take_compound_fractions_one_dimension_at_a_time(bench_grow):
     assert set(bench_grow.BASELINES) <= set(flags)
 
 
+def test_arm_names_that_hold_a_comma_can_be_chosen_with_arms(bench_grow):
+    known = bench_grow.arm_flags(*bench_grow.target_config(bench_grow.CPU_TARGET))
+    names, unknown = bench_grow.split_arms("static lr x1,compound, auto, depth,depth, method zero,nope", known)
+    assert names == ["static lr x1", "compound, auto", "depth", "depth, method zero"] and unknown == ["nope"]
+
+
 def test_the_strongest_baseline_is_the_lowest_mean_final_loss_and_missing_runs_are_skipped(bench_grow):
     curves = {"static lr x1": {0: grow_curve((60, 1e9, 4.0)), 1: grow_curve((60, 1e9, 4.2))},
               "static half depth": {0: grow_curve((60, 1e9, 3.9)), 1: grow_curve((60, 1e9, 4.1))},

@@ -10,7 +10,7 @@ the learning rate is fully decayed within a fixed budget, so measure it on your 
 
 How train.py uses it (`--grow SCHEDULE`):
 
-    stages = grow.parse_schedule("0:layers=4,hidden=384,seq=64; 0.25:layers=8,seq=128; 0.5:layers=16,hidden=768", cfg)
+    stages = grow.parse_schedule("0:n_layers=4,d_model=384; 0.25:n_layers=8; 0.5:n_layers=16,d_model=768", cfg)
     net = model.build_model(stages[0]["config"])               # the first stage (at 0) is the starting model
     ...  # at the first step whose progress = elapsed / budget passes stages[i]["at"], i >= 1:
     net, optimizer, event = grow.apply_stage(net, optimizer, stages[i], make_optimizer)
@@ -67,16 +67,17 @@ import model as M
 # -----------------------------------------------------------------------------
 # Schedules: stages at fractions of the time budget
 
-SCHEDULE_KEYS = {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "ffn": "ffn_dim", "seq": "max_seq_len"}
+GROWN_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len")  # the config keys a schedule may grow
+KEY_ALIASES = {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "ffn": "ffn_dim", "seq": "max_seq_len"}
 METHODS = ("stack", "interleave", "zero", "msg")
-GROWN_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len")
 
 SCHEDULE_HELP = """\
 growth schedule: 'AT:KEY=VALUE,...; AT:KEY=VALUE,...' with AT the fraction of the time budget at which the stage
-starts (the first stage is at 0 and gives the starting model), KEY one of layers, hidden, heads, ffn, seq (integers)
-or method (stack|interleave|zero|msg, how depth grows; default stack). Keys left out keep the previous stage's
-value; in the first stage, the target model's. Heads follow hidden at a fixed head size unless given.
-Example: '0:layers=4,hidden=384,seq=64; 0.25:layers=8,seq=128; 0.5:layers=16,hidden=768'.
+starts (the first stage is at 0 and gives the starting model), KEY one of the config keys n_layers, d_model,
+n_heads, ffn_dim, max_seq_len (integers; the older short names layers, hidden, heads, ffn, seq still work) or method
+(stack|interleave|zero|msg, how depth grows; default stack). Keys left out keep the previous stage's value; in the
+first stage, the target model's. n_heads follows d_model at a fixed head size unless given.
+Example: '0:n_layers=4,d_model=384,max_seq_len=64; 0.25:n_layers=8,max_seq_len=128; 0.5:n_layers=16,d_model=768'.
 Presets: 'compound' (CompoundGrow-style: depth, FFN width and length at 1/4 then 1/2 of the target, full size at 0.4)
 and 'gstack' (G_stack-style: a quarter of the layers, stacked 4x at 0.25)."""
 
@@ -95,15 +96,15 @@ def preset_schedule(name, cfg):
     L, f, T = cfg["n_layers"], cfg["ffn_dim"], cfg["max_seq_len"]
     q = lambda n, k: max(1, n // k)  # noqa: E731
     if name == "compound":
-        return (f"0:layers={q(L, 4)},ffn={q(f, 4)},seq={q(T, 4)}; "
-                f"0.2:layers={q(L, 2)},ffn={q(f, 2)},seq={q(T, 2)}; 0.4:layers={L},ffn={f},seq={T}")
+        return "; ".join(f"{at}:n_layers={q(L, k)},ffn_dim={q(f, k)},max_seq_len={q(T, k)}"
+                         for at, k in ((0, 4), (0.2, 2), (0.4, 1)))
     if name == "gstack":
-        return f"0:layers={q(L, 4)},method=stack; 0.25:layers={L},method=stack"
+        return f"0:n_layers={q(L, 4)},method=stack; 0.25:n_layers={L},method=stack"
     raise ValueError(f"grow schedule: unknown preset {name!r}; presets: compound, gstack")
 
 
 def parse_schedule(text, base_cfg):
-    """'0:layers=4,seq=64; 0.5:layers=8' (or a preset name) -> [{"at": 0.0, "config": {...}, "method": ...}, ...].
+    """'0:n_layers=4,max_seq_len=64; 0.5:n_layers=8' (or a preset name) -> [{"at", "config", "method"}, ...].
 
     Every config is a full validated model config; base_cfg (the target, e.g. make_config("base")) fills in what
     the schedule leaves out. Raises ValueError naming the stage and what is wrong."""
@@ -128,18 +129,19 @@ def parse_schedule(text, base_cfg):
         values, method = {}, None
         for item in (i.strip() for i in items.split(",") if i.strip()):
             key, _, value = (s.strip() for s in item.partition("="))
+            key = KEY_ALIASES.get(key, key)
             if key == "method" and value in METHODS:
                 method = value
-            elif key in SCHEDULE_KEYS and value.isdigit() and int(value) > 0:
-                values[SCHEDULE_KEYS[key]] = int(value)
+            elif key in GROWN_KEYS and value.isdigit() and int(value) > 0:
+                values[key] = int(value)
             else:
-                raise ValueError(f"{where}: bad item {item!r}; keys: {', '.join(SCHEDULE_KEYS)} (positive integers)"
+                raise ValueError(f"{where}: bad item {item!r}; keys: {', '.join(GROWN_KEYS)} (positive integers)"
                                  f" or method ({'|'.join(METHODS)})")
         cfg = dict(prev, **values)
         if "d_model" in values and "n_heads" not in values:
             head = prev["d_model"] // prev["n_heads"]     # heads follow the width at a fixed head size
             if values["d_model"] % head:
-                raise ValueError(f"{where}: hidden={values['d_model']} is not a multiple of the head size {head}")
+                raise ValueError(f"{where}: d_model={values['d_model']} is not a multiple of the head size {head}")
             cfg["n_heads"] = values["d_model"] // head
         try:
             cfg = M.validate_config(cfg)
@@ -150,7 +152,7 @@ def parse_schedule(text, base_cfg):
         stages.append({"at": at, "config": cfg, "method": method or "stack"})
         prev = cfg
     if not stages:
-        raise ValueError("grow schedule: empty; expected e.g. '0:layers=4; 0.5:layers=8' or a preset name")
+        raise ValueError("grow schedule: empty; expected e.g. '0:n_layers=4; 0.5:n_layers=8' or a preset name")
     return stages
 
 
@@ -324,7 +326,7 @@ def dimension_specs(old, new):
     res, ffn = unit_map(d, d2), unit_map(f, f2)
     heads = unit_map(old["n_heads"], new["n_heads"])                    # (H',) new head -> old head
     inner = (heads[:, None] * hd + torch.arange(hd)).flatten()          # (d',) attention coordinates, hd kept
-    gated = 2 if old["ffn"] in ("geglu", "swiglu") else 1
+    gated = M.up_width(old) // f                                       # 2 halves (gate, value) or 1
     specs = {"res": spec(res, d, "dup"), "res_in": spec(res, d, "split"), "res_out": spec(res, d, "split"),
              "qkv": concat_specs(spec(inner, d, "dup"), d, 3), "heads_in": spec(inner, d, "split"),
              "up": concat_specs(spec(ffn, f, "dup"), f, gated), "ffn_in": spec(ffn, f, "split"),
@@ -469,8 +471,9 @@ def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer,
 # One growth event, for train.py
 
 def describe(cfg):
-    """'L8 d256 H4 f512 T128': the shape of a config in one short string (for logs)."""
-    return (f"L{cfg['n_layers']} d{cfg['d_model']} H{cfg['n_heads']} f{cfg['ffn_dim']} T{cfg['max_seq_len']}")
+    """'n_layers=8 d_model=256 n_heads=4 ffn_dim=512 max_seq_len=128': the grown sizes of a config, in the
+    config's own names (for logs; with commas it is a schedule stage)."""
+    return " ".join(f"{key}={cfg[key]}" for key in GROWN_KEYS)
 
 
 def apply_stage(model, optimizer, stage, make_optimizer, method=None, noise=0.0, seed=0, ramp=100,

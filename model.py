@@ -40,7 +40,7 @@ DEFAULTS = {
     "positions": "sinusoidal",  # learned | sinusoidal (scaled) | rotary | alibi | none
     "norm": "layernorm",        # layernorm | rmsnorm
     "norm_position": "pre",     # pre | post (original BERT is post-LN; pre-LN trains stably at high learning rates)
-    "ffn": "geglu",             # gelu | geglu | swiglu
+    "activation": "geglu",      # gelu | geglu | swiglu: the feed-forward's activation (gated: geglu, swiglu)
     "bias": False,              # biases in the linear layers of the blocks
     "embedding_norm": True,     # a norm right after the embedding (BLOOM's "embedding LayerNorm")
     "tie_embeddings": True,     # the output projection reuses the token embedding matrix
@@ -65,7 +65,7 @@ CHOICES = {
     "positions": ("learned", "sinusoidal", "rotary", "alibi", "none"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_position": ("pre", "post"),
-    "ffn": ("gelu", "geglu", "swiglu"),
+    "activation": ("gelu", "geglu", "swiglu"),
 }
 POSITIVE_INTS = ("vocab_size", "n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len")
 VOCAB_MULTIPLE = 64
@@ -73,6 +73,8 @@ VOCAB_MULTIPLE = 64
 
 def validate_config(cfg):
     """Return a complete copy of cfg (defaults filled in); raise ValueError naming the first bad key."""
+    if isinstance(cfg.get("ffn"), str):   # configs saved before the activation type was renamed from "ffn"
+        cfg = {("activation" if k == "ffn" else k): v for k, v in cfg.items()}
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"unknown config key {unknown[0]!r}; valid keys: {', '.join(DEFAULTS)}")
@@ -109,6 +111,14 @@ def make_config(preset="base", **overrides):
     return validate_config({**PRESETS[preset], **overrides})
 
 
+GATED = ("geglu", "swiglu")  # GLU variants (Shazeer 2020): the up-projection makes a gate and a value
+
+
+def up_width(cfg):
+    """Output width of the feed-forward's up-projection: ffn_dim, or 2 * ffn_dim when gated (gate and value)."""
+    return 2 * cfg["ffn_dim"] if cfg["activation"] in GATED else cfg["ffn_dim"]
+
+
 def padded_vocab_size(cfg):
     """Vocabulary rounded up to a multiple of 64, so the embedding and output matmuls align with GPU tiles."""
     return -(-cfg["vocab_size"] // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
@@ -124,19 +134,17 @@ def _norm_params(cfg):
 def _block_linear_weights(cfg):
     """Weights of the matmuls in one block: qkv (d x 3d), out (d x d), up (d x f or d x 2f when gated), down (f x d)."""
     d, f = cfg["d_model"], cfg["ffn_dim"]
-    up = 2 * f if cfg["ffn"] in ("geglu", "swiglu") else f
-    return 4 * d * d + d * up + f * d
+    return 4 * d * d + d * up_width(cfg) + f * d
 
 
 def count_params(cfg, embeddings=True):
     """Number of parameters of build_model(cfg). embeddings=False leaves out the token embedding, a learned
     position table and an untied output matrix (Kaplan et al. 2020 count N without them)."""
     cfg = validate_config(cfg)
-    d, f, L, V = cfg["d_model"], cfg["ffn_dim"], cfg["n_layers"], padded_vocab_size(cfg)
-    up = 2 * f if cfg["ffn"] in ("geglu", "swiglu") else f
+    d, L, V = cfg["d_model"], cfg["n_layers"], padded_vocab_size(cfg)
     block = _block_linear_weights(cfg) + 2 * _norm_params(cfg)
     if cfg["bias"]:
-        block += 3 * d + d + up + d
+        block += 3 * d + d + up_width(cfg) + d
     n = L * block
     n += _norm_params(cfg) if cfg["embedding_norm"] else 0
     n += _norm_params(cfg) if cfg["norm_position"] == "pre" else 0     # the final norm
@@ -218,11 +226,11 @@ class Block(nn.Module):
         super().__init__()
         d, f, bias = cfg["d_model"], cfg["ffn_dim"], cfg["bias"]
         self.n_heads, self.pre_norm = cfg["n_heads"], cfg["norm_position"] == "pre"
-        self.ffn, self.dropout = cfg["ffn"], cfg["dropout"]
+        self.activation, self.dropout = cfg["activation"], cfg["dropout"]
         self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
         self.qkv = nn.Linear(d, 3 * d, bias=bias)      # one matmul for queries, keys and values
         self.out = nn.Linear(d, d, bias=bias)
-        self.up = nn.Linear(d, 2 * f if self.ffn in ("geglu", "swiglu") else f, bias=bias)
+        self.up = nn.Linear(d, up_width(cfg), bias=bias)
         self.down = nn.Linear(f, d, bias=bias)
 
     def attend(self, x, mask, rope, is_causal):
@@ -241,11 +249,11 @@ class Block(nn.Module):
         """x (B, T, d) -> (B, T, d). Gated variants (Shazeer 2020, "GLU Variants Improve Transformer", Eq. 5-6)
         multiply the activated half of the up-projection by the other half."""
         h = self.up(x)
-        if self.ffn == "gelu":
+        if self.activation == "gelu":
             h = F.gelu(h)
         else:
             gate, value = h.chunk(2, dim=-1)
-            h = (F.gelu(gate) if self.ffn == "geglu" else F.silu(gate)) * value
+            h = (F.gelu(gate) if self.activation == "geglu" else F.silu(gate)) * value
         return self.down(h)
 
     def forward(self, x, mask, rope, is_causal):

@@ -460,7 +460,7 @@ def train_command(shape, hours=None, max_tokens=None, out=None, data=None, seq_l
     """The train.py command line for a suggested shape: --model preset plus the shape overrides (and budget)."""
     flags = [("model", shape["preset"]), ("n-layers", shape["n_layers"]), ("d-model", shape["d_model"]),
              ("n-heads", shape["n_heads"]), ("ffn-dim", shape["ffn_dim"]), ("objective", objective),
-             ("seq-len", seq_len), ("data", data), ("hours", hours and f"{hours:.4g}"),
+             ("max-seq-len", seq_len), ("data", data), ("hours", hours and f"{hours:.4g}"),
              ("max-tokens", max_tokens and int(max_tokens)), ("out", out)]
     return " ".join(["python train.py"] + [f"--{k} {v}" for k, v in flags if v])
 
@@ -666,7 +666,7 @@ def _si(x):
 
 def cmd_plan(args):
     p = plan(args.hours, args.gpu, args.gpus, args.mfu, load_constants(args.fit, args.constants), args.model,
-             args.out, args.data, args.seq_len, args.objective)
+             args.out, args.data, args.max_seq_len, args.objective)
     s = p["shape"]
     print(f"budget: {p['hours']:g} h x {p['n_gpus']} {p['gpu']} ({p['peak_flops'] / 1e12:g} TFLOP/s bf16 peak) "
           f"at {p['mfu']:.0%} MFU -> C = {p['C']:.3g} FLOPs")
@@ -692,7 +692,7 @@ def cmd_plan(args):
 def cmd_sweep(args):
     params = load_constants(args.fit, args.constants)
     s = sweep_plan(args.hours, args.gpu, args.gpus, args.mfu, params, args.budgets, args.sizes, args.ratio,
-                   args.spread, args.model, args.data, args.seq_len, args.objective, args.out_dir)
+                   args.spread, args.model, args.data, args.max_seq_len, args.objective, args.out_dir)
     print(f"IsoFLOP sweep: {len(s['runs'])} runs, {s['C_total']:.3g} FLOPs in {s['hours_total']:.3g} h "
           f"({args.gpus} {args.gpu} at {args.mfu:.0%} MFU); sizes centred on N* from constants {s['constants']}")
     print(f"{'C (FLOPs)':>10} {'N':>7} {'D':>7} {'D/N':>6} {'hours':>6}  shape")
@@ -749,7 +749,7 @@ def cmd_fit(args):
 def check_args(parser, args):
     """One-line errors (usage line + error) for numbers that parse but plan or fit nothing."""
     rules = [("hours", lambda v: v > 0 and math.isfinite(v), "a positive number"), ("gpus", lambda v: v >= 1, ">= 1"),
-             ("mfu", lambda v: 0 < v <= 1, "in (0, 1]"), ("seq_len", lambda v: v >= 4, ">= 4"),
+             ("mfu", lambda v: 0 < v <= 1, "in (0, 1]"), ("max_seq_len", lambda v: v >= 4, ">= 4"),
              ("budgets", lambda v: v >= 1, ">= 1"), ("sizes", lambda v: v >= 2, ">= 2"),
              ("ratio", lambda v: v > 1, "> 1"), ("spread", lambda v: v > 1, "> 1"),
              ("n_boot", lambda v: v >= 0, ">= 0"), ("delta", lambda v: v > 0, "> 0")]
@@ -776,7 +776,8 @@ def main(argv=None):
     # Model and train.py pass-through
     budget.add_argument("--model", default="base", help="model.py preset the shape overrides (default base)")
     budget.add_argument("--objective", choices=("mlm", "clm"), help="training objective (default: preset's)")
-    budget.add_argument("--seq-len", type=int, help="sequence length in tokens (default: preset's)")
+    budget.add_argument("--max-seq-len", "--seq-len", type=int,
+                        help="sequence length in tokens (default: preset's; alias --seq-len)")
     budget.add_argument("--data", help="--data value passed to train.py")
     budget.add_argument("--json", help="also write the plan as JSON to this path")
     short = "scaling.py {} {}[flags]  (--help lists them)".format

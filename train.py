@@ -24,6 +24,7 @@ import shutil
 import signal
 import time
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -65,16 +66,19 @@ def parse_args(argv=None):
         g.add_argument("--" + key.replace("_", "-"), type=int, default=None, help=f"override the preset's {key}")
     g.add_argument("--positions", choices=model.CHOICES["positions"], default="rotary",
                    help="position scheme (cramming: sinusoidal; rotary leaves the unigram plateau far sooner, "
-                   "see README: the recipe)")
-    for key in ("norm", "norm_position", "ffn"):
+                   "see docs/train.md: the recipe)")
+    for key in ("norm", "norm_position"):
         g.add_argument("--" + key.replace("_", "-"), choices=model.CHOICES[key], default=None,
                        help=f"override the preset's {key}")
+    g.add_argument("--activation", "--ffn", choices=model.CHOICES["activation"], default=None,
+                   help="override the preset's feed-forward activation (gated: geglu, swiglu; alias --ffn)")
     g.add_argument("--embedding-norm", choices=["on", "off"], default=None,
                    help="a norm right after the embedding (BLOOM's embedding LayerNorm; default: the preset's, on)")
-    g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's; cramming: 128)")
+    g.add_argument("--max-seq-len", "--seq-len", type=int, default=None,
+                   help="tokens per sequence (default: the preset's; cramming: 128; alias --seq-len)")
     g.add_argument("--mask-rate", type=float, default=0.25, help="fraction of tokens masked for MLM (cramming: 0.25)")
     g.add_argument("--grow", default=None, help="growth schedule (grow.py), e.g. "
-                   "'0:layers=4,hidden=384,seq=64; 0.25:layers=8,seq=128; 0.5:layers=16,hidden=768' or a preset name")
+                   "'0:n_layers=4,max_seq_len=64; 0.25:n_layers=8; 0.5:n_layers=16' or a preset name")
     g.add_argument("--grow-optimizer", choices=["carry", "fresh"], default="carry",
                    help="at growth, carry AdamW moments of old coordinates over, or start a fresh optimizer")
     g.add_argument("--grow-moments", choices=["zero", "scaled"], default="zero",
@@ -128,7 +132,6 @@ def parse_args(argv=None):
     g.add_argument("--checkpoint-steps", type=int, default=0, help="also save one every N optimizer steps (0 = off)")
     g.add_argument("--max-bad-steps", type=int, default=5,
                    help="consecutive non-finite losses before the run stops and restores the last good checkpoint")
-    g.add_argument("--inject-nan", default="", help=argparse.SUPPRESS)  # tests: make update attempts "3,4,5" non-finite
     args = p.parse_args(argv)
     check_args(p, args)
     return args
@@ -163,7 +166,7 @@ def check_args(parser, args):
         v = getattr(args, name)
         if v is not None and not (v > 0 and math.isfinite(v)):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {v}")
-    for name, low in (("micro_batch", 1), ("seq_len", 4), ("batch_tokens", 1), ("vocab_size", 1)):
+    for name, low in (("micro_batch", 1), ("max_seq_len", 4), ("batch_tokens", 1), ("vocab_size", 1)):
         v = getattr(args, name)
         if v is not None and v < low:
             parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {v}")
@@ -206,10 +209,10 @@ def check_args(parser, args):
 def model_config(args, vocab_size):
     """The model config of the run (before any growth stage): preset, then the flags that override it."""
     overrides = {k: getattr(args, k) for k in ("n_layers", "d_model", "n_heads", "ffn_dim", "positions", "norm",
-                                                "norm_position", "ffn") if getattr(args, k) is not None}
+                                                "norm_position", "activation") if getattr(args, k) is not None}
     if args.embedding_norm:
         overrides["embedding_norm"] = args.embedding_norm == "on"
-    return model.make_config(args.model, **overrides, vocab_size=vocab_size, max_seq_len=args.seq_len,
+    return model.make_config(args.model, **overrides, vocab_size=vocab_size, max_seq_len=args.max_seq_len,
                              objective=args.objective, mask_rate=args.mask_rate, dropout=0.0)
 
 
@@ -219,7 +222,7 @@ def model_config(args, vocab_size):
 AUTO_PRESETS = ("tiny", "mini", "small", "base")  # "large" only when asked for: a GPU day buys cramming's base
 PRESET_VOCAB = {"tiny": 512, "mini": 8192, "small": 16384, "base": 32768, "large": 32768}
 CPU_FLOPS_PER_THREAD = 1.5e10  # training FLOP/s of one core, fp32: 15-20 G measured on the tiny models here
-STEPS_WANTED = 1000  # measured (README, the recipe): fewer, larger steps lose; more, smaller ones too
+STEPS_WANTED = 1000  # measured (docs/train.md, the recipe): fewer, larger steps lose; more, smaller ones too
 CRAMMING_BATCH = 8192 * 128
 
 
@@ -233,7 +236,7 @@ def sustained_flops(device, peak):
 
 
 def choose_defaults(args, flops_per_s, world, on_gpu):
-    """Values for --model, --vocab-size, --seq-len, --batch-tokens and --micro-batch left unset, and why.
+    """Values for --model, --vocab-size, --max-seq-len, --batch-tokens and --micro-batch left unset, and why.
 
     Model: the preset (tiny ... base) whose parameter count is nearest in log scale to the compute-optimal N* of
     the budget (scaling.compute_optimal, Besiroglu et al. 2024's constants: ~25 tokens per parameter). A GPU day
@@ -259,10 +262,10 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
     name = chosen.get("model", args.model)
     if args.vocab_size is None:
         chosen["vocab_size"] = PRESET_VOCAB[name]
-    if args.seq_len is None:
-        chosen["seq_len"] = model.make_config(name)["max_seq_len"]
+    if args.max_seq_len is None:
+        chosen["max_seq_len"] = model.make_config(name)["max_seq_len"]
     resolved = argparse.Namespace(**{**vars(args), **chosen})
-    seq, tokens, cfg = resolved.seq_len, None, model_config(resolved, resolved.vocab_size)
+    seq, tokens, cfg = resolved.max_seq_len, None, model_config(resolved, resolved.vocab_size)
     if args.batch_tokens is None:
         estimates = [compute / model.flops_per_token(cfg, seq) if compute else None, args.max_tokens]
         tokens = min([t for t in estimates if t], default=None)
@@ -272,7 +275,7 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
     if args.micro_batch is None:
         batch_tokens = chosen.get("batch_tokens", args.batch_tokens)
         chosen["micro_batch"] = max(1, min(128 if on_gpu else 32, batch_tokens // (seq * world)))
-    if args.lr is None:  # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: README
+    if args.lr is None:  # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: docs/train.md
         chosen["lr"] = round(1e-3 * 768 / cfg["d_model"], 6)
     words = [f"{k.replace('_', '-')} {v:,}" if isinstance(v, int) else f"{k.replace('_', '-')} {v:g}"
              if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items()]
@@ -453,31 +456,7 @@ def save_loss_plot(log_path, png_path):
 
 
 # -----------------------------------------------------------------------------
-# Evaluation
-
-
-@torch.no_grad()
-def evaluate(net, meta, args, seq_len, device, dtype, rank, world):
-    """Mean held-out loss over the same --eval-batches batches every time (the val split read in order with a
-    fixed seed), averaged over ranks."""
-    loader = data.make_loader(meta, "val", args.objective, seed=1234, rank=rank, world_size=world,
-                              mask_rate=args.mask_rate, device=device, prefetch=False)  # a few batches, no thread
-    plain = model.unwrap(net)
-    was_training = plain.training
-    plain.eval()
-    total = torch.zeros((), device=device)
-    for _ in range(args.eval_batches):
-        batch = loader.next_batch(args.micro_batch, seq_len)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            total += plain(**batch)["loss"].float()
-    plain.train(was_training)
-    if world > 1:
-        dist.all_reduce(total)
-    return total.item() / (args.eval_batches * world)
-
-
-# -----------------------------------------------------------------------------
-# The run
+# Preparing a run: data, checks on the output folder, the budget, the run's state and evaluation
 
 
 def budget_tokens(args, device):
@@ -518,8 +497,8 @@ def prepare(args, device, rank, world):
     return meta
 
 
-CONFIG_FLAGS = {"n_layers": "--n-layers", "d_model": "--d-model", "n_heads": "--n-heads", "ffn_dim": "--ffn-dim",
-                "max_seq_len": "--seq-len", "vocab_size": "--vocab-size", "mask_rate": "--mask-rate"}
+CONFIG_FLAGS = {key: "--" + key.replace("_", "-") for key in  # each config key's flag has the key's own name
+                ("n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len", "vocab_size", "mask_rate")}
 
 
 def config_error_in_flags(error):
@@ -562,12 +541,12 @@ def truncate_log(path, state):
     will run again), so no step appears twice."""
     if not os.path.exists(path):
         return
-    if "log_bytes" in state:  # the log's size when the checkpoint was written
+    if state.log_bytes is not None:  # the log's size when the checkpoint was written
         with open(path, "r+b") as f:
-            f.truncate(min(state["log_bytes"], os.path.getsize(path)))
+            f.truncate(min(state.log_bytes, os.path.getsize(path)))
         return
     with open(path) as f:  # checkpoints from before log_bytes: keep the records up to its step
-        kept = [line for line in f if json.loads(line).get("step", 0) <= state["step"]]
+        kept = [line for line in f if json.loads(line).get("step", 0) <= state.step]
     data.atomic_write(path, lambda f: f.write("".join(kept).encode()))
 
 
@@ -579,12 +558,15 @@ def prepare_interruptible(args, device, rank, world):
 
 
 class Budget:
-    """Progress p in [0, 1]: the largest of elapsed/wall-clock budget, steps/max-steps, tokens/max-tokens."""
+    """Progress p in [0, 1]: the largest of elapsed/wall-clock budget, steps/max-steps, tokens/max-tokens.
+    SIGTERM and SIGINT (preemption, Ctrl-C) only set `stopped`: the loop finishes the micro-batch, applies the
+    step with what it has, then saves."""
 
-    def __init__(self, args, elapsed=0.0):
+    def __init__(self, args, elapsed=0.0, device=None, world=1):
         self.seconds = budget_seconds(args)
         self.max_steps, self.max_tokens = args.max_steps, args.max_tokens
         self.start = time.time() - elapsed   # a resumed run continues the same clock
+        self.device, self.world, self.stopped = device, world, []
 
     def elapsed(self):
         return time.time() - self.start
@@ -607,319 +589,464 @@ class Budget:
     def progress(self, step, tokens, elapsed):
         return min(1.0, max(fraction for fraction, _ in self.parts(step, tokens, elapsed)))
 
+    def now(self, state, margin=0.0):
+        """(progress, elapsed, stop signal?) with margin seconds added to the clock, the same on every rank (the
+        slowest clock and any rank's signal count for all), or ranks would stop, grow or cut a step apart."""
+        elapsed, stop = self.elapsed() + margin, float(bool(self.stopped))
+        if self.world > 1:
+            t = torch.tensor([elapsed, stop], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            elapsed, stop = t.tolist()
+        return self.progress(state.step, state.tokens, elapsed), elapsed, stop > 0
 
-def train(args):
-    device, rank, world = setup_device(args.device)
-    dtype = autocast_dtype(args.dtype, device)
-    say = print if rank == 0 else (lambda *a, **k: None)
+
+@dataclass
+class RunState:
+    """Everything the loop changes. checkpoint.pt saves it; a resumed run continues from exactly these values."""
+    step: int = 0                 # optimizer steps taken
+    tokens: int = 0               # training tokens fed, all ranks
+    flops: float = 0.0            # training FLOPs spent (model.flops_per_token of each stage)
+    elapsed: float = 0.0          # seconds on the budget's clock
+    stage: int = 0                # index of the current growth stage
+    stage_at: float = 0.0         # progress at which that stage started
+    auto_points: list = field(default_factory=list)  # [[flops, held-out loss]] of this stage (--grow-when auto)
+    next_eval: float = 0.0        # progress of the next held-out evaluation
+    next_check: float = 0.0       # progress of the next growth check (--grow-when auto)
+    bad_steps: int = 0            # non-finite losses in a row
+    skipped_steps: int = 0        # non-finite losses in all
+    log_bytes: int = None         # log.jsonl's size when the checkpoint was written: resume truncates it there
+
+
+@dataclass
+class Run:
+    """What the loop reads and never changes: the settings, the hardware, the data, the stages and the files."""
+    args: argparse.Namespace
+    device: torch.device
+    dtype: torch.dtype            # autocast dtype: bf16 on a GPU that has it, fp32 elsewhere
+    rank: int
+    world: int
+    meta: dict                    # data.prepare_data's description of the token shards
+    enc: object                   # the tokenizer, only to show samples
+    stages: list                  # grow.parse_schedule's stages ([] without growth)
+    budget: Budget
+    log_path: str
+    ckpt_path: str
+    peak: float                   # this GPU's peak FLOP/s, or None (no MFU)
+    held_out: dict = field(default_factory=dict)  # {sequence length: the evaluation's batches}
+
+    def say(self, *text):
+        if self.rank == 0:
+            print(*text)
+
+    def log(self, record):
+        if self.rank == 0:
+            append_log(self.log_path, record)
+
+
+@torch.no_grad()
+def evaluate(run, net):
+    """Mean held-out loss over the same --eval-batches batches every time, at the model's sequence length,
+    averaged over ranks. The batches (the val split read in order with a fixed seed) are built once per length."""
+    plain, args = model.unwrap(net), run.args
+    T = plain.config["max_seq_len"]
+    if T not in run.held_out:
+        loader = data.make_loader(run.meta, "val", args.objective, seed=1234, rank=run.rank, world_size=run.world,
+                                  mask_rate=args.mask_rate, device=run.device, prefetch=False)
+        run.held_out[T] = [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
+    was_training = plain.training
+    plain.eval()
+    total = torch.zeros((), device=run.device)
+    for batch in run.held_out[T]:
+        with torch.autocast(run.device.type, dtype=run.dtype, enabled=run.dtype != torch.float32):
+            total += plain(**batch)["loss"].float()
+    plain.train(was_training)
+    if run.world > 1:
+        dist.all_reduce(total)
+    return total.item() / (args.eval_batches * run.world)
+
+
+def log_eval(run, state, p, val, **extra):
+    run.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
+             "elapsed": round(run.budget.elapsed(), 3), "progress": round(p, 5), "val_loss": val, **extra})
+
+
+# -----------------------------------------------------------------------------
+# Setup: settings, checks, data, model and optimizer (or the checkpoint they were saved in)
+
+def resolve_settings(args, device, rank, world):
+    """Fill in the flags left unset (choose_defaults) and check everything a run needs before any work: the
+    shape, the growth schedule and the masking at every length. Returns the checkpoint to resume, or None."""
     try:
         chosen, why = choose_defaults(args, sustained_flops(device, gpu_peak_flops(device)), world,
                                       device.type == "cuda")
     except ValueError as e:  # a shape flag that makes no valid model, e.g. an odd head size with rotary
         raise SystemExit(f"error: {config_error_in_flags(e)}") from None
     vars(args).update(chosen)  # resolved before args.json is written, so --resume reuses the same choice
-    if why:
-        say(f"defaults: {why} (flags given on the command line always win)")
-    ckpt_path, log_path = os.path.join(args.out, "checkpoint.pt"), os.path.join(args.out, "log.jsonl")
-    ckpt = load_checkpoint(ckpt_path) if args.resume else None
+    if why and rank == 0:
+        print(f"defaults: {why} (flags given on the command line always win)")
+    ckpt = load_checkpoint(os.path.join(args.out, "checkpoint.pt")) if args.resume else None
     stages = growth_stages(args, model_config(args, args.vocab_size))  # a bad schedule fails before any work
-    for T in {args.seq_len, *(stage["config"]["max_seq_len"] for stage in stages)} if args.objective == "mlm" else ():
+    for T in {args.max_seq_len, *(s["config"]["max_seq_len"] for s in stages)} if args.objective == "mlm" else ():
         if not 1 <= round(args.mask_rate * T) <= T - 2:
             raise SystemExit(f"error: --mask-rate {args.mask_rate} masks {round(args.mask_rate * T)} of {T} tokens "
                              f"per sequence; it must mask 1 to {T - 2}")
     if ckpt is None:
         check_out_is_free(args.out, args.force, remove=rank == 0)
+    return ckpt
 
+
+def start_run(args, ckpt, device, rank, world):
+    """Prepare the data, write args.json (the first file written: every check has passed) and return the Run."""
     meta = prepare_interruptible(args, device, rank, world)
-    enc = data.load_tokenizer(meta["tokenizer"])  # only to show samples
     cfg = model_config(args, meta["n_vocab"])
     stages = growth_stages(args, cfg)
+    run = Run(args, device, autocast_dtype(args.dtype, device), rank, world, meta,
+              data.load_tokenizer(meta["tokenizer"]), stages, None, os.path.join(args.out, "log.jsonl"),
+              os.path.join(args.out, "checkpoint.pt"), gpu_peak_flops(device))
     if stages and any(stages[-1]["config"][k] != cfg[k] for k in grow.GROWN_KEYS):
-        say(f"--grow: the schedule ends at {grow.describe(stages[-1]['config'])}, not the model's "
-            f"{grow.describe(cfg)}; the run trains toward the schedule's last stage")
-    if rank == 0:  # the first thing written: every check above has passed
+        run.say(f"--grow: the schedule ends at {grow.describe(stages[-1]['config'])}, not the model's "
+                f"{grow.describe(cfg)}; the run trains toward the schedule's last stage")
+    if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         if ckpt is None or getattr(args, "budget_was", None):  # a resume saves its extended budget
             settings = {k: v for k, v in vars(args).items() if k != "budget_was"}
             data.atomic_write(os.path.join(args.out, "args.json"),
                               lambda f: f.write(json.dumps(settings, indent=2).encode()))
         if ckpt is not None:
-            truncate_log(log_path, ckpt["state"])
+            truncate_log(run.log_path, RunState(**ckpt["state"]))
+    return run, cfg
+
+
+def build(run, cfg, ckpt):
+    """(net, optimizer, loader, state): fresh from the seed (at the first growth stage), or as checkpointed."""
+    args = run.args
     torch.manual_seed(args.seed)
-    net = model.build_model(ckpt["config"] if ckpt else stages[0]["config"] if stages else cfg).to(device)
-    optimizer = make_optimizer(net, args, device)
-    loader = data.make_loader(meta, "train", args.objective, seed=args.seed, rank=rank, world_size=world,
-                              mask_rate=args.mask_rate, device=device)
-    state = {"step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "stage": 0, "next_eval": args.eval_every,
-             "bad_steps": 0, "skipped_steps": 0,
-             "stage_at": 0.0, "auto_points": [], "next_check": args.grow_check_every}
+    net = model.build_model(ckpt["config"] if ckpt else run.stages[0]["config"] if run.stages else cfg)
+    net = net.to(run.device)
+    optimizer = make_optimizer(net, args, run.device)
+    loader = data.make_loader(run.meta, "train", args.objective, seed=args.seed, rank=run.rank,
+                              world_size=run.world, mask_rate=args.mask_rate, device=run.device)
+    state = RunState(next_eval=args.eval_every, next_check=args.grow_check_every)
     if ckpt:
         net.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
-        state.update(ckpt["state"])
+        state = RunState(**ckpt["state"])
         torch.set_rng_state(ckpt["rng"]["torch"])
-        if ckpt["rng"]["cuda"] is not None and device.type == "cuda":
+        if ckpt["rng"]["cuda"] is not None and run.device.type == "cuda":
             torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
-        say(f"resuming {ckpt_path} at step {state['step']}, {state['tokens']:,} tokens, {state['elapsed']:.0f} s used")
-    net.train()
-    run_net = wrap(net, args, device, world)
+        run.say(f"resuming {run.ckpt_path} at step {state.step}, {state.tokens:,} tokens, {state.elapsed:.0f} s used")
+    return wrap(net.train(), args, run.device, run.world), optimizer, loader, state
 
-    def target_accumulation(seq_len):
-        """Micro-batches per step that make --batch-tokens; a growth stage with shorter sequences accumulates
-        more of them, so every optimizer step sees the same number of tokens."""
-        return max(1, round(args.batch_tokens / (args.micro_batch * seq_len * world)))
-    now_cfg = model.unwrap(run_net).config  # the current growth stage's model, or the whole model without growth
-    seq_len = now_cfg["max_seq_len"]
-    flops_tok = model.flops_per_token(now_cfg, seq_len)
-    peak = gpu_peak_flops(device)
-    if not ckpt:  # where the curve starts (about ln V nats); a measurement, so before the clock starts
-        val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
-        if rank == 0:
-            append_log(log_path, {"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0,
-                                  "progress": 0.0, "val_loss": val})
-        say(f"held-out loss before training: {val:.3f}")
-    budget = Budget(args, state["elapsed"])
-    if ckpt:
-        p = budget.progress(state["step"], state["tokens"], state["elapsed"])
+
+def start_clock(run, state, net, resumed):
+    """The step-0 evaluation (off the clock: where the curve starts, about ln V nats), then the Budget; a resumed
+    run checks that budget is left, and an extended one moves its next evaluation to the new progress."""
+    args = run.args
+    if not resumed:
+        val = evaluate(run, net)
+        run.log({"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "progress": 0.0,
+                 "val_loss": val})
+        run.say(f"held-out loss before training: {val:.3f}")
+    run.budget = Budget(args, state.elapsed, run.device, run.world)
+    if resumed:
+        p = run.budget.progress(state.step, state.tokens, state.elapsed)
         if p >= 1.0:
-            left = budget.left(state["step"], state["tokens"], state["elapsed"])
-            raise SystemExit(f"error: {ckpt_path} has spent its budget ({left} left); give a larger one with --resume "
-                             "to extend the run")
+            raise SystemExit(f"error: {run.ckpt_path} has spent its budget "
+                             f"({run.budget.left(state.step, state.tokens, state.elapsed)} left); give a larger "
+                             "one with --resume to extend the run")
         if getattr(args, "budget_was", None):  # extended: the schedules read progress, which just went down
-            state["next_eval"] = (math.floor(p / args.eval_every) + 1) * args.eval_every
-            say(f"resume: budget {args.budget_was} -> {budget_text(args)}; progress is now {p:.1%}, so the "
-                "learning rate, batch ramp and growth stages continue from there (README: extending a run)")
-    say(json.dumps({"model": now_cfg}, indent=None))
-    say(f"device {device} ({str(dtype).replace('torch.', '')}), {world} process(es); "
-        f"{model.count_params(now_cfg) / 1e6:.1f} M parameters ({model.count_params(now_cfg, False) / 1e6:.1f} M "
-        f"without embeddings), {flops_tok / 1e6:.0f} MFLOP per token"
-        + (f"; growing to {model.count_params(cfg) / 1e6:.1f} M in {len(stages) - 1} stage(s)" if stages else ""))
-    target_accum = target_accumulation(args.seq_len)
-    say(f"global batch {target_accum * args.micro_batch * args.seq_len * world:,} tokens = {args.micro_batch} "
-        f"sequences x {args.seq_len} tokens x {world} rank(s) x {target_accum} accumulation steps "
-        f"(ramped over {args.batch_ramp:.0%} of the budget)")
-    if peak and budget.seconds:
-        say(f"the budget should buy ~{budget.seconds * peak * 0.4 / flops_tok / 1e9:.2f} B tokens at 40% MFU "
-            f"(peak {peak / 1e12:.0f} TFLOP/s)")
+            state.next_eval = (math.floor(p / args.eval_every) + 1) * args.eval_every
+            run.say(f"resume: budget {args.budget_was} -> {budget_text(args)}; progress is now {p:.1%}, so the "
+                    "learning rate, batch ramp and growth stages continue from there (docs/train.md: extending a run)")
 
-    stop_signal = []  # SIGTERM/SIGINT (preemption, Ctrl-C) only set a flag: the current micro-batch finishes,
-    # the step is applied with what it has, then we save
-    previous_handlers = {sig: signal.signal(sig, lambda s, f: stop_signal.append(s))
+
+def describe_run(run, net, cfg):
+    """The start-up lines: the model, the device, parameters and FLOPs, the global batch, what the budget buys."""
+    args, now = run.args, model.unwrap(net).config
+    flops_tok = model.flops_per_token(now)
+    run.say(json.dumps({"model": now}, indent=None))
+    run.say(f"device {run.device} ({str(run.dtype).replace('torch.', '')}), {run.world} process(es); "
+            f"{model.count_params(now) / 1e6:.1f} M parameters ({model.count_params(now, False) / 1e6:.1f} M "
+            f"without embeddings), {flops_tok / 1e6:.0f} MFLOP per token"
+            + (f"; growing to {model.count_params(cfg) / 1e6:.1f} M in {len(run.stages) - 1} stage(s)"
+               if run.stages else ""))
+    accum = target_accumulation(args, args.max_seq_len, run.world)
+    run.say(f"global batch {accum * args.micro_batch * args.max_seq_len * run.world:,} tokens = {args.micro_batch} "
+            f"sequences x {args.max_seq_len} tokens x {run.world} rank(s) x {accum} accumulation steps "
+            f"(ramped over {args.batch_ramp:.0%} of the budget)")
+    if run.peak and run.budget.seconds:
+        run.say(f"the budget should buy ~{run.budget.seconds * run.peak * 0.4 / flops_tok / 1e9:.2f} B tokens at "
+                f"40% MFU (peak {run.peak / 1e12:.0f} TFLOP/s)")
+
+
+# -----------------------------------------------------------------------------
+# The pieces of one step
+
+def target_accumulation(args, seq_len, world):
+    """Micro-batches per step that make --batch-tokens; a growth stage with shorter sequences accumulates more
+    of them, so every optimizer step sees the same number of tokens."""
+    return max(1, round(args.batch_tokens / (args.micro_batch * seq_len * world)))
+
+
+def growth_is_due(run, state, net, p):
+    """(due?, why): whether the next growth stage starts now: at its budget fraction, or (--grow-when auto) when
+    grow.auto_should_grow sees this stage's held-out loss flatten, from evaluations every --grow-check-every."""
+    args = run.args
+    if not run.stages or state.stage + 1 >= len(run.stages):
+        return False, None
+    if args.grow_when != "auto":
+        return p >= run.stages[state.stage + 1]["at"], "fraction"
+    if p >= state.next_check:
+        state.next_check = (math.floor(p / args.grow_check_every) + 1) * args.grow_check_every
+        val = evaluate(run, net)
+        state.auto_points.append([state.flops, val])
+        log_eval(run, state, p, val, growth_check=True)
+    return grow.auto_should_grow(state.auto_points, p, state.stage + 1, len(run.stages), args.grow_slope)
+
+
+def grow_now(run, state, net, optimizer, p, why):
+    """Grow model and optimizer to the next stage (grow.apply_stage) and log the event with the held-out loss
+    just before (at the old sequence length) and just after (at the new one). Returns (net, optimizer)."""
+    args = run.args
+    state.stage += 1
+    loss_before = evaluate(run, net)
+    plain, optimizer, event = grow.apply_stage(
+        model.unwrap(net), optimizer, run.stages[state.stage], lambda m: make_optimizer(m, args, run.device),
+        noise=args.grow_noise, seed=args.seed, policy=args.grow_optimizer, new_moments=args.grow_moments)
+    net = wrap(plain.to(run.device).train(), args, run.device, run.world)  # compile and DDP see the new shapes
+    loss_after = evaluate(run, net)
+    state.stage_at, state.auto_points = p, [[state.flops, loss_after]]    # the new stage's curve starts here
+    event = {"kind": "grow", "step": state.step, "tokens": state.tokens, "elapsed": state.elapsed, "progress": p,
+             **event, "val_loss_before": loss_before, "val_loss_after": loss_after, "reason": why}
+    run.log(event)
+    if run.rank == 0:
+        tqdm.write(f"grow at {p:.1%}: {event}")
+    return net, optimizer
+
+
+def learning_rate(args, state, p):
+    """The peak rate times the schedule at progress p, re-warmed after a growth event with --grow-rewarm."""
+    lr = args.lr * lr_multiplier(p, args.schedule, args.warmup)
+    if state.stage > 0 and args.grow_rewarm > 0:
+        lr *= grow.rewarm_factor(p, state.stage_at, args.grow_rewarm)
+    return lr
+
+
+def forward_backward(run, state, net, loader, p):
+    """One step's gradients, accumulated over micro-batches up to --batch-tokens (ramped), the all-reduce only
+    on the last. Returns (mean loss, micro-batches done, gradient norm after clipping or None).
+
+    The hard budget: before every micro-batch after the first, the clock and the stop signal are read, and the
+    micro-batch that would end past the deadline becomes the step's last. The run ends at most one micro-batch
+    late even when a step takes minutes, and a preempted run stops within seconds."""
+    args, device, T = run.args, run.device, model.unwrap(net).config["max_seq_len"]
+    accum = accumulation_steps(p, target_accumulation(args, T, run.world), args.batch_ramp)
+    loss_sum, done, micro_seconds = torch.zeros((), device=device), 0, 0.0
+    for micro in range(accum):
+        last = micro == accum - 1
+        if micro > 0 and not last:  # would one more micro-batch, as long as the last one, end past the deadline?
+            progress_after, _, stopped = run.budget.now(state, micro_seconds)
+            last = progress_after >= 1.0 or stopped
+        started = time.time()
+        batch = loader.next_batch(args.micro_batch, T)
+        sync = nullcontext() if run.world == 1 or last else net.no_sync()  # all-reduce once, on the last
+        with sync, torch.autocast(device.type, dtype=run.dtype, enabled=run.dtype != torch.float32):
+            loss = net(**batch)["loss"]
+            (loss / accum).backward()
+        loss_sum += loss.detach().float()
+        done += 1
+        micro_seconds = time.time() - started
+        if last:
+            break
+    if done < accum:  # a step cut short: the summed gradient becomes the mean over the micro-batches it has
+        for param in net.parameters():
+            if param.grad is not None:
+                param.grad.mul_(accum / done)
+    if run.world > 1:  # one loss for all ranks, so all take the same skip-or-step decision
+        dist.all_reduce(loss_sum)
+        loss_sum /= run.world
+    # Clipping is queued before .item() waits for the GPU, so little is left to launch after the wait; a
+    # non-finite step discards the (clipped) gradients anyway.
+    grad_norm = torch.nn.utils.clip_grad_norm_(net.parameters(), args.clip) if args.clip > 0 else None
+    return loss_sum.item() / done, done, grad_norm
+
+
+def checkpoint(run, state, net, optimizer, loader):
+    state.elapsed = run.budget.elapsed()
+    if run.rank == 0:
+        state.log_bytes = os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0  # resume cuts here
+        save_checkpoint(run.ckpt_path, net, optimizer, loader, asdict(state))
+
+
+class Speed:
+    """Tokens per second since the last log line, and once, ten steps after the first (which compiles and warms
+    up), the tokens the whole budget should buy at the measured rate."""
+
+    def __init__(self, state, resumed):
+        self.last = (time.time(), state.tokens)
+        self.first_step, self.warm, self.estimated = state.step + 1, None, resumed
+
+    def tokens_per_s(self, state):
+        return (state.tokens - self.last[1]) / max(time.time() - self.last[0], 1e-9)
+
+    def estimate(self, run, state):
+        if self.estimated or not run.budget.seconds:
+            return
+        if state.step == self.first_step:
+            self.warm = (time.time(), state.tokens)
+        elif state.step >= self.first_step + 10:
+            rate = (state.tokens - self.warm[1]) / (time.time() - self.warm[0])
+            left = max(run.budget.seconds - run.budget.elapsed(), 0.0)
+            if run.rank == 0:
+                tqdm.write(f"measured {rate:,.0f} tokens/s: the budget should buy ~{state.tokens + rate * left:,.0f}"
+                           " tokens in all")
+            self.estimated = True
+
+
+def log_step(run, state, speed, bar, p, *, loss, lr, batch_tokens, grad_norm, flops_per_token):
+    """A 'train' record in log.jsonl (with MFU on a known GPU) and the progress bar's text."""
+    tok_s = speed.tokens_per_s(state)
+    record = {"kind": "train", "step": state.step, "tokens": state.tokens, "elapsed": round(run.budget.elapsed(), 3),
+              "progress": round(p, 5), "loss": loss, "lr": lr, "batch_tokens": batch_tokens, "flops": state.flops,
+              "tokens_per_s": round(tok_s), "grad_norm": grad_norm.item() if grad_norm is not None else None}
+    if run.peak:
+        record["mfu"] = round(tok_s * flops_per_token / (run.peak * run.world), 4)
+    run.log(record)
+    speed.last = (time.time(), state.tokens)
+    bar.set_postfix_str(f"loss {loss:.3f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s, "
+                        f"{run.budget.left(state.step, state.tokens, run.budget.elapsed())} left")
+
+
+# -----------------------------------------------------------------------------
+# The run: setup, the loop, the finish
+
+def train(args):
+    device, rank, world = setup_device(args.device)
+    ckpt = resolve_settings(args, device, rank, world)
+    run, cfg = start_run(args, ckpt, device, rank, world)
+    net, optimizer, loader, state = build(run, cfg, ckpt)
+    start_clock(run, state, net, resumed=ckpt is not None)
+    describe_run(run, net, cfg)
+    previous_handlers = {sig: signal.signal(sig, lambda s, f: run.budget.stopped.append(s))
                          for sig in (signal.SIGTERM, signal.SIGINT)}
-    inject = {int(s) for s in args.inject_nan.split(",") if s}
     bar = tqdm(total=100, disable=rank != 0, unit="%", desc="budget", dynamic_ncols=True,
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
-    last_ckpt_time, last_log = time.time(), (time.time(), state["tokens"])
-    estimate_printed, first_step, t_started, tokens_started = bool(ckpt), state["step"] + 1, None, None
-    status = "budget spent"
-
-    def progress_now(margin=0.0):
-        """(progress, elapsed, stop) with margin seconds added to the clock: the same on every rank, or ranks
-        would stop, grow or cut a step at different points."""
-        elapsed, stop = budget.elapsed() + margin, float(bool(stop_signal))
-        if world > 1:  # the slowest clock and any rank's signal count for all
-            t = torch.tensor([elapsed, stop], dtype=torch.float64, device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            elapsed, stop = t.tolist()
-        return budget.progress(state["step"], state["tokens"], elapsed), elapsed, stop > 0
-
-    def stop_is_near(micro_seconds):
-        """True when one more micro-batch would end past the deadline, or a stop signal came."""
-        progress_after, _, stop = progress_now(micro_seconds)
-        return progress_after >= 1.0 or stop
-
-    def growth_is_due(p):
-        """Whether the next growth stage starts now: at its budget fraction, or (--grow-when auto) when
-        grow.auto_should_grow says so from this stage's held-out evaluations, taken every --grow-check-every."""
-        if args.grow_when != "auto":
-            return p >= stages[state["stage"] + 1]["at"], "fraction"
-        if p >= state["next_check"]:
-            state["next_check"] = (math.floor(p / args.grow_check_every) + 1) * args.grow_check_every
-            val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
-            state["auto_points"].append([state["flops"], val])
-            if rank == 0:
-                append_log(log_path, {"kind": "eval", "step": state["step"], "tokens": state["tokens"],
-                                      "flops": state["flops"], "elapsed": round(budget.elapsed(), 3),
-                                      "progress": round(p, 5), "val_loss": val, "growth_check": True})
-        return grow.auto_should_grow(state["auto_points"], p, state["stage"] + 1, len(stages), args.grow_slope)
-
-    def checkpoint():
-        if rank == 0:
-            state["log_bytes"] = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # resume cuts here
-            save_checkpoint(ckpt_path, run_net, optimizer, loader, state)
-
+    speed, last_ckpt_time, status = Speed(state, resumed=ckpt is not None), time.time(), "budget spent"
     while True:
-        p, state["elapsed"], stop = progress_now()
-        if p >= 1.0:
-            break
-        if stop:
-            status = "preempted"
+        # ---- stop: the budget is spent, or a signal asked us to
+        p, state.elapsed, stopped = run.budget.now(state)
+        if p >= 1.0 or stopped:
+            status = "budget spent" if p >= 1.0 else "preempted"
             break
 
-        # Growth stages (grow.py) start at the first step past their budget fraction, or with --grow-when auto
-        # when this stage's loss has flattened. The held-out loss just before is measured at the old sequence
-        # length, the one after at the new one.
-        due, why = growth_is_due(p) if stages and state["stage"] + 1 < len(stages) else (False, None)
+        # ---- grow: the next stage starts at its budget fraction, or when this stage's loss flattens (auto)
+        due, why = growth_is_due(run, state, net, p)
         if due:
-            state["stage"] += 1
-            plain = model.unwrap(run_net)
-            loss_before = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
-            plain, optimizer, event = grow.apply_stage(
-                plain, optimizer, stages[state["stage"]], lambda m: make_optimizer(m, args, device),
-                noise=args.grow_noise, seed=args.seed, policy=args.grow_optimizer, new_moments=args.grow_moments)
-            run_net = wrap(plain.to(device).train(), args, device, world)
-            seq_len = plain.config["max_seq_len"]
-            flops_tok = model.flops_per_token(plain.config, seq_len)
-            loss_after = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
-            event = {"kind": "grow", "step": state["step"], "tokens": state["tokens"], "elapsed": state["elapsed"],
-                     "progress": p, **event, "val_loss_before": loss_before, "val_loss_after": loss_after,
-                     "reason": why}
-            state["stage_at"], state["auto_points"] = p, [[state["flops"], loss_after]]  # the new stage's curve
-            if rank == 0:
-                append_log(log_path, event)
-                bar.write(f"grow at {p:.1%}: {event}")
+            net, optimizer = grow_now(run, state, net, optimizer, p, why)
 
-        # One optimizer step: accumulate gradients over micro-batches, skipping the all-reduce until the last.
-        lr = args.lr * lr_multiplier(p, args.schedule, args.warmup)
-        if stages and state["stage"] > 0 and args.grow_rewarm > 0:
-            lr *= grow.rewarm_factor(p, state["stage_at"], args.grow_rewarm)
+        # ---- set the learning rate: a function of progress only (cramming's budget schedules)
+        lr = learning_rate(args, state, p)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        accum = accumulation_steps(p, target_accumulation(seq_len), args.batch_ramp)
-        loss_sum, done = torch.zeros((), device=device), 0
-        for micro in range(accum):
-            # The hard budget: before every micro-batch after the first, the clock and the stop signal are read.
-            # The micro-batch that would end past the deadline becomes the step's last, so the run ends at most
-            # one micro-batch late even when a step takes minutes, and a preempted run stops within seconds.
-            last = micro == accum - 1 or (micro > 0 and stop_is_near(time.time() - micro_started))
-            micro_started = time.time()
-            batch = loader.next_batch(args.micro_batch, seq_len)
-            sync = nullcontext() if world == 1 or last else run_net.no_sync()  # all-reduce once, on the last
-            with sync, torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                loss = run_net(**batch)["loss"]
-                (loss / accum).backward()
-            loss_sum += loss.detach().float()
-            done += 1
-            if last:
-                break
-        if done < accum:  # a step cut short: the summed gradient becomes the mean over the micro-batches it has
-            for param in run_net.parameters():
-                if param.grad is not None:
-                    param.grad.mul_(accum / done)
-        loss_sum /= done / accum  # loss_value below divides by accum
-        if world > 1:  # one loss for all ranks, so all take the same skip-or-step decision
-            dist.all_reduce(loss_sum)
-            loss_sum /= world
-        # Clipping is queued before .item() waits for the GPU, so little is left to launch after the wait; a
-        # non-finite step discards the (clipped) gradients below anyway.
-        grad_norm = torch.nn.utils.clip_grad_norm_(run_net.parameters(), args.clip) if args.clip > 0 else None
-        loss_value = loss_sum.item() / accum
-        if state["step"] + state["skipped_steps"] + 1 in inject:  # counts attempted updates, skipped ones too
-            loss_value = float("nan")
-        if not math.isfinite(loss_value):  # skip the update, keep the data position moving
+
+        # ---- forward and backward over the step's micro-batches, cut at the deadline
+        loss, done, grad_norm = forward_backward(run, state, net, loader, p)
+        if not math.isfinite(loss):  # skip the update, keep the data position moving
             optimizer.zero_grad(set_to_none=True)
-            state["bad_steps"] += 1
-            state["skipped_steps"] += 1
-            if rank == 0:
-                append_log(log_path, {"kind": "skip", "step": state["step"], "loss": loss_value})
-            if state["bad_steps"] >= args.max_bad_steps:
+            state.bad_steps += 1
+            state.skipped_steps += 1
+            run.log({"kind": "skip", "step": state.step, "loss": loss})
+            if state.bad_steps >= args.max_bad_steps:
                 status = "diverged"
                 break
             continue
-        state["bad_steps"] = 0
+
+        # ---- update the weights and count what the step consumed
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        state["step"] += 1
-        tokens_per_micro = args.micro_batch * seq_len * world
-        state["tokens"] += done * tokens_per_micro
-        state["flops"] += done * tokens_per_micro * flops_tok
+        now = model.unwrap(net).config                                # the current growth stage's shape
+        batch_tokens, flops_per_token = done * args.micro_batch * now["max_seq_len"] * world, model.flops_per_token(now)
+        state.bad_steps, state.step = 0, state.step + 1
+        state.tokens += batch_tokens
+        state.flops += batch_tokens * flops_per_token
         bar.update(round(100 * p, 1) - bar.n)
 
-        # Bookkeeping: log, estimate, evaluate, checkpoint.
-        now = time.time()
-        tok_s = (state["tokens"] - last_log[1]) / max(now - last_log[0], 1e-9)
-        if not estimate_printed and budget.seconds:
-            if state["step"] == first_step:  # the first step compiles and warms up: time the ten after it
-                t_started, tokens_started = now, state["tokens"]
-            elif state["step"] >= first_step + 10:
-                rate = (state["tokens"] - tokens_started) / (now - t_started)
-                left = max(budget.seconds - budget.elapsed(), 0.0)
-                bar.write(f"measured {rate:,.0f} tokens/s: the budget should buy ~{state['tokens'] + rate * left:,.0f}"
-                          " tokens in all")
-                estimate_printed = True
-        if state["step"] % args.log_every == 0:
-            record = {"kind": "train", "step": state["step"], "tokens": state["tokens"],
-                      "elapsed": round(budget.elapsed(), 3), "progress": round(p, 5), "loss": loss_value, "lr": lr,
-                      "batch_tokens": done * tokens_per_micro, "flops": state["flops"],
-                      "tokens_per_s": round(tok_s), "grad_norm": grad_norm.item() if grad_norm is not None else None}
-            if peak:
-                record["mfu"] = round(tok_s * flops_tok / (peak * world), 4)
+        # ---- log
+        speed.estimate(run, state)
+        if state.step % args.log_every == 0:
+            log_step(run, state, speed, bar, p, loss=loss, lr=lr, batch_tokens=batch_tokens, grad_norm=grad_norm,
+                     flops_per_token=flops_per_token)
+
+        # ---- evaluate on held-out data, and show what the model makes of a fixed text
+        if p >= state.next_eval:
+            state.next_eval += args.eval_every
+            val = evaluate(run, net)
+            log_eval(run, state, p, val)
             if rank == 0:
-                append_log(log_path, record)
-            last_log = (now, state["tokens"])
-            bar.set_postfix_str(f"loss {loss_value:.3f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s, "
-                                f"{budget.left(state['step'], state['tokens'], budget.elapsed())} left")
-        if p >= state["next_eval"]:
-            state["next_eval"] += args.eval_every
-            val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
-            if rank == 0:
-                append_log(log_path, {"kind": "eval", "step": state["step"], "tokens": state["tokens"],
-                                      "flops": state["flops"], "elapsed": round(budget.elapsed(), 3),
-                                      "progress": round(p, 5), "val_loss": val})
-                bar.write(f"{p:4.0%} held-out loss {val:.3f}; {show_samples(model.unwrap(run_net), enc, args)}")
-        if (args.checkpoint_steps and state["step"] % args.checkpoint_steps == 0) or \
-                now - last_ckpt_time > args.checkpoint_minutes * 60:
-            state["elapsed"] = budget.elapsed()
-            checkpoint()
+                bar.write(f"{p:4.0%} held-out loss {val:.3f}; {show_samples(model.unwrap(net), run.enc, args)}")
+
+        # ---- checkpoint every --checkpoint-minutes (and --checkpoint-steps)
+        if (args.checkpoint_steps and state.step % args.checkpoint_steps == 0) or \
+                time.time() - last_ckpt_time > args.checkpoint_minutes * 60:
+            checkpoint(run, state, net, optimizer, loader)
             last_ckpt_time = time.time()
     bar.close()
     for sig, handler in previous_handlers.items():
         signal.signal(sig, handler)
-    state["elapsed"] = budget.elapsed()
+    return finish(run, state, net, optimizer, loader, status)
 
+
+def finish(run, state, net, optimizer, loader, status):
+    """Preempted: save and say how to resume. Diverged: restore the last good checkpoint into final/ and exit 1.
+    Otherwise the final evaluation, checkpoint, final/, loss.png and summary.json (also printed)."""
+    args, state.elapsed = run.args, run.budget.elapsed()
     if status == "preempted":
-        checkpoint()
-        say(f"stopped by signal at step {state['step']}: checkpoint saved to {ckpt_path}; continue with --resume")
-        return {"status": status, **state}
+        checkpoint(run, state, net, optimizer, loader)
+        run.say(f"stopped by signal at step {state.step}: checkpoint saved to {run.ckpt_path}; continue with --resume")
+        return {"status": status, **asdict(state)}
     if status == "diverged":
-        say(f"error: {args.max_bad_steps} non-finite losses in a row at step {state['step']}")
-        if os.path.isfile(ckpt_path):
-            good = load_checkpoint(ckpt_path)
-            net = model.build_model(good["config"])
-            net.load_state_dict(good["model"])
-            if rank == 0:
-                save_final(args.out, net, meta)
-            say(f"restored the last good checkpoint (step {good['state']['step']}) into {args.out}/final; "
-                "lower --lr or raise --clip, then --resume")
+        run.say(f"error: {args.max_bad_steps} non-finite losses in a row at step {state.step}")
+        if os.path.isfile(run.ckpt_path):
+            good = load_checkpoint(run.ckpt_path)
+            restored = model.build_model(good["config"])
+            restored.load_state_dict(good["model"])
+            if run.rank == 0:
+                save_final(args.out, restored, run.meta)
+            run.say(f"restored the last good checkpoint (step {good['state']['step']}) into {args.out}/final; "
+                    "lower --lr or raise --clip, then --resume")
         raise SystemExit(1)
 
-    val = evaluate(run_net, meta, args, seq_len, device, dtype, rank, world)
-    final_cfg = model.unwrap(run_net).config
-    summary = {"status": status, "steps": state["step"], "tokens": state["tokens"], "model": args.model,
+    val = evaluate(run, net)
+    final_cfg = model.unwrap(net).config
+    T = final_cfg["max_seq_len"]
+    summary = {"status": status, "steps": state.step, "tokens": state.tokens, "model": args.model,
                "batch_tokens": args.batch_tokens,
-               "elapsed_s": round(state["elapsed"], 2), "flops": state["flops"],
-               "tokens_per_s": round(state["tokens"] / max(state["elapsed"], 1e-9)), "final_val_loss": val,
+               "elapsed_s": round(state.elapsed, 2), "flops": state.flops,
+               "tokens_per_s": round(state.tokens / max(state.elapsed, 1e-9)), "final_val_loss": val,
                "params": model.count_params(final_cfg, embeddings=False), "params_total": model.count_params(final_cfg),
-               "flops_per_token": model.flops_per_token(final_cfg, seq_len), "skipped_steps": state["skipped_steps"],
-               "world_size": world, "device": str(device), "dtype": str(dtype).replace("torch.", ""), "out": args.out,
+               "flops_per_token": model.flops_per_token(final_cfg), "skipped_steps": state.skipped_steps,
+               "world_size": run.world, "device": str(run.device), "dtype": str(run.dtype).replace("torch.", ""),
+               "out": args.out,
                # what the held-out loss depends on besides N and D: scaling.py fits only runs that agree on these
-               "comparable": {"data": os.path.basename(meta["dir"]), "vocab_size": final_cfg["vocab_size"],
-                              "objective": args.objective, "seq_len": seq_len, "mask_rate": args.mask_rate}}
-    if peak:
-        summary["mfu"] = round(summary["tokens_per_s"] * summary["flops_per_token"] / (peak * world), 4)
-    if rank == 0:
-        append_log(log_path, {"kind": "eval", "step": state["step"], "tokens": state["tokens"], "flops": state["flops"],
-                              "elapsed": round(state["elapsed"], 3), "progress": 1.0, "val_loss": val})
-        state["elapsed"] = budget.elapsed()
-        checkpoint()
-        summary["final"] = save_final(args.out, run_net, meta)
-        summary["plot"] = save_loss_plot(log_path, os.path.join(args.out, "loss.png"))
-        print(show_samples(model.unwrap(run_net), enc, args))
+               "comparable": {"data": os.path.basename(run.meta["dir"]), "vocab_size": final_cfg["vocab_size"],
+                              "objective": args.objective, "seq_len": T, "mask_rate": args.mask_rate}}
+    if run.peak:
+        summary["mfu"] = round(summary["tokens_per_s"] * summary["flops_per_token"] / (run.peak * run.world), 4)
+    if run.rank == 0:
+        append_log(run.log_path, {"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
+                                  "elapsed": round(state.elapsed, 3), "progress": 1.0, "val_loss": val})
+        checkpoint(run, state, net, optimizer, loader)
+        summary["final"] = save_final(args.out, net, run.meta)
+        summary["plot"] = save_loss_plot(run.log_path, os.path.join(args.out, "loss.png"))
+        print(show_samples(model.unwrap(net), run.enc, args))
         data.atomic_write(os.path.join(args.out, "summary.json"),
                           lambda f: f.write(json.dumps(summary, indent=2).encode()))
         print("\n".join(f"{k:>16}: {v}" for k, v in summary.items()))
     return summary
+
+
+RENAMED_FLAGS = {"seq_len": "max_seq_len", "ffn": "activation"}  # in args.json of runs saved before the rename
 
 
 def main(argv=None):
@@ -929,7 +1056,8 @@ def main(argv=None):
         if os.path.isfile(saved):
             given = {k: getattr(args, k) for k in BUDGET_KEYS} if budget_given(args) else None
             with open(saved) as f:  # keys a newer train.py added keep their defaults
-                args = argparse.Namespace(**{**vars(args), **json.load(f), "resume": True, "out": args.out})
+                settings = {RENAMED_FLAGS.get(k, k): v for k, v in json.load(f).items()}
+            args = argparse.Namespace(**{**vars(args), **settings, "resume": True, "out": args.out})
             if given and given != {k: getattr(args, k) for k in BUDGET_KEYS}:
                 was = budget_text(args)
                 vars(args).update(given, budget_was=was)

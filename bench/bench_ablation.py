@@ -27,7 +27,7 @@ import data  # noqa: E402
 import evaluate_lm  # noqa: E402
 from bench_recipe import run_lanes  # noqa: E402
 
-TARGET = ("--objective clm --model tiny --n-layers 4 --d-model 64 --n-heads 4 --ffn-dim 128 --seq-len 64 "
+TARGET = ("--objective clm --model tiny --n-layers 4 --d-model 64 --n-heads 4 --ffn-dim 128 --max-seq-len 64 "
           "--vocab-size 2048 --micro-batch 16 --batch-tokens 2048")
 ARMS = {f"{positions}, {'emb norm' if norm else 'no emb norm'}":
         f"--positions {positions} --embedding-norm {'on' if norm else 'off'}"

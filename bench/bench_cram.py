@@ -6,7 +6,7 @@ the same wall clock on the same data.
     python bench/bench_cram.py --data corpus.jsonl --ours-flags "--lr 2e-3 --schedule one-cycle"
     python bench/bench_cram.py --analyze-only --out runs/bench_cram          # re-print results.json, redraw curves
     python bench/bench_cram.py --minutes 0.15 --vocab-size 512 --n-layers 2 --d-model 64 --ffn-dim 256 \
-        --seq-len 64 --micro-batch 8 --batch-tokens 1024 --eval-batches 4 --hf-lrs 1e-3,3e-3 --threads 1 \
+        --max-seq-len 64 --micro-batch 8 --batch-tokens 1024 --eval-batches 4 --hf-lrs 1e-3,3e-3 --threads 1 \
         --no-downstream --out runs/bench_smoke                       # a smoke run: ~35 s on a busy 2-core CPU
 
 What is compared. (1) Ours: train.main with the shape flags, --minutes and --ours-flags; everything else is
@@ -34,7 +34,7 @@ Why it is fair (a comparison counts only if the baseline had a fair chance):
   - machine: runs execute one at a time in one process, alternating per seed (ours, HF lr 1, HF lr 2, ...),
     on the same device and autocast dtype and the same torch thread count (--threads). Load from other
     processes still adds noise: compare tokens/s across the HF runs, which train the same model.
---ours-flags that change data, shape, batch or evaluation (--seq-len, --micro-batch, --batch-tokens, --mask-rate,
+--ours-flags that change data, shape, batch or evaluation (--max-seq-len, --micro-batch, --batch-tokens, --mask-rate,
 --eval-batches, --device, --dtype, --compile) apply to HF too, so both always see the same batches; recipe flags
 (--lr, --schedule, --batch-ramp, --clip, ...) apply to ours only.
 
@@ -103,10 +103,10 @@ HELD_OUT_PLAYS = ("alls well that ends well", "measure for measure", "two gentle
 # Shared settings: what our run will actually use, read back through train.py's own parser
 
 
-def ours_ffn_dim(hf_intermediate, ffn):
+def ours_ffn_dim(hf_intermediate, activation):
     """Our FFN width with about the weights (and FLOPs) of HF's GELU FFN of width hf_intermediate: a gated FFN
     has an up-projection d x 2f and a down-projection f x d (3 d f weights) against HF's 2 d I."""
-    if ffn == "gelu":
+    if activation not in model.GATED:
         return hf_intermediate
     return max(32, round(2 * hf_intermediate / 3 / 32) * 32)
 
@@ -115,11 +115,11 @@ def ours_argv(args, seed, out):
     """train.py's command line for our run: the base preset's block (train.py's "auto" would pick a preset by
     budget) at the bench's shape. --ours-flags come last, so they win over everything before them."""
     extra = shlex.split(args.ours_flags)
-    probe = train.parse_args(["--max-steps", "1", "--model", "base", "--seq-len", str(args.seq_len), *extra])
-    ffn = train.model_config(probe, args.vocab_size)["ffn"]
+    probe = train.parse_args(["--max-steps", "1", "--model", "base", "--max-seq-len", str(args.max_seq_len), *extra])
+    activation = train.model_config(probe, args.vocab_size)["activation"]
     return ["--data", args.data, "--cache", args.cache, "--vocab-size", str(args.vocab_size), "--model", "base",
             "--n-layers", str(args.n_layers), "--d-model", str(args.d_model), "--n-heads", str(args.n_heads),
-            "--ffn-dim", str(ours_ffn_dim(args.ffn_dim, ffn)), "--seq-len", str(args.seq_len),
+            "--ffn-dim", str(ours_ffn_dim(args.ffn_dim, activation)), "--max-seq-len", str(args.max_seq_len),
             "--micro-batch", str(args.micro_batch), "--batch-tokens", str(args.batch_tokens),
             "--eval-batches", str(args.eval_batches), "--minutes", str(args.minutes),
             "--eval-every", str(EVAL_EVERY), "--seed", str(seed), "--out", out,
@@ -173,7 +173,7 @@ def hf_evaluate(net, meta, s, device, dtype):
     """Mean held-out loss on exactly train.evaluate's batches: the val split in order, seed 1234."""
     loader = data.make_loader(meta, "val", "mlm", seed=1234, mask_rate=s.mask_rate, device=device, prefetch=False)
     net.eval()
-    total = sum(hf_loss(net, loader.next_batch(s.micro_batch, s.seq_len), dtype).item()
+    total = sum(hf_loss(net, loader.next_batch(s.micro_batch, s.max_seq_len), dtype).item()
                 for _ in range(s.eval_batches))
     net.train()
     return total / s.eval_batches
@@ -191,7 +191,7 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
                                   lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
     loader = data.make_loader(meta, "train", "mlm", seed=seed, mask_rate=s.mask_rate, device=device)
     run_net = torch.compile(net, dynamic=False) if s.compile else net
-    accum = max(1, round(s.batch_tokens / (s.micro_batch * s.seq_len)))  # train.py's target accumulation
+    accum = max(1, round(s.batch_tokens / (s.micro_batch * s.max_seq_len)))  # train.py's target accumulation
     budget = train.budget_seconds(s)
     curve, tokens, status, next_eval = [], 0, "budget spent", EVAL_EVERY
     t0 = time.time()  # like train.py's clock: from after model, optimizer and loader are built
@@ -207,7 +207,7 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
             now = time.time()
             last = micro == accum - 1 or (micro > 0 and (now - t0) + (now - micro_started) > budget)
             micro_started = now
-            loss = hf_loss(run_net, loader.next_batch(s.micro_batch, s.seq_len), dtype)
+            loss = hf_loss(run_net, loader.next_batch(s.micro_batch, s.max_seq_len), dtype)
             (loss / accum).backward()
             loss_sum, done = loss_sum + loss.detach(), done + 1
             if last:
@@ -222,7 +222,7 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        tokens += done * s.micro_batch * s.seq_len
+        tokens += done * s.micro_batch * s.max_seq_len
         if p >= next_eval:  # the same rule as train.py: the first step that starts past the mark
             next_eval += EVAL_EVERY
             val = hf_evaluate(net, meta, s, device, dtype)
@@ -574,7 +574,7 @@ def parse_args(argv=None):
     p.add_argument("--n-heads", type=int, default=4, help="attention heads (default: 4)")
     p.add_argument("--ffn-dim", type=int, default=512, help="HF's intermediate size (default: 512 = 4 d); ours "
                    "gets the same weights: 2/3 of it for a gated FFN, rounded to a multiple of 32")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default: 128)")
+    p.add_argument("--max-seq-len", "--seq-len", type=int, default=128, help="tokens per sequence (alias --seq-len)")
     p.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary (default: 4096)")
     # Batch and evaluation, shared by both models
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per optimizer step (default: 4096)")

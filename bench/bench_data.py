@@ -120,7 +120,7 @@ def main():
     p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size of both tokenizers (tokens)")
     p.add_argument("--repeat", type=int, default=3, help="timing repeats; the best is reported")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per training step")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+    p.add_argument("--max-seq-len", "--seq-len", dest="seq_len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=5, help="timed training steps per loader setting")
     p.add_argument("--assumed-tflops", type=float, default=400.0,
                    help="achieved GPU throughput (TFLOP/s) for the estimated crammed-base step time")

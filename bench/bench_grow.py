@@ -4,7 +4,7 @@
     python bench/bench_grow.py --arms "static lr x1,compound,depth" --seeds 2 --minutes 1
     python bench/bench_grow.py --reuse                           # finish an interrupted bench, keep finished runs
     python bench/bench_grow.py --analyze-only                    # re-print the table from the runs in --out
-    python bench/bench_grow.py --train-flags "--model mini --vocab-size 8192 --seq-len 128 --micro-batch 32 \
+    python bench/bench_grow.py --train-flags "--model mini --vocab-size 8192 --max-seq-len 128 --micro-batch 32 \
         --batch-tokens 4096" --minutes 10 --out runs/bench_grow_mini          # the mini shape (4 x 256)
 
 Every arm is train.py on the bundled sample with the same target model (--train-flags: shape, vocabulary, tokens
@@ -38,12 +38,13 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path[:0] = [ROOT, BENCH]
 import data  # noqa: E402
+import grow  # noqa: E402
 import model  # noqa: E402
 from bench_recipe import run_lanes  # noqa: E402
 
 # The CPU target: 8 layers of width 64 at 64 tokens, 1,024 tokens per step (about 500 steps in 2 minutes on one
 # thread, the recipe's ~1,000-step rule at half the budget).
-CPU_TARGET = ("--model tiny --n-layers 8 --d-model 64 --n-heads 4 --ffn-dim 128 --seq-len 64 --vocab-size 512 "
+CPU_TARGET = ("--model tiny --n-layers 8 --d-model 64 --n-heads 4 --ffn-dim 128 --max-seq-len 64 --vocab-size 512 "
               "--micro-batch 16 --batch-tokens 1024")
 BASELINES = ("static lr x0.5", "static lr x1", "static lr x2", "static half depth", "static quarter depth")
 
@@ -57,8 +58,9 @@ def target_config(train_flags):
 
 
 def stages(cfg, keys, method=None):
-    """Compound's fractions (0, 0.2, 0.4) growing only `keys` of layers/ffn/seq: 1/4, 1/2, then the target."""
-    full = {"layers": cfg["n_layers"], "ffn": cfg["ffn_dim"], "seq": cfg["max_seq_len"]}
+    """Compound's fractions (0, 0.2, 0.4) growing only `keys` (of n_layers, ffn_dim, max_seq_len): 1/4, 1/2, then
+    the target."""
+    full = {key: cfg[key] for key in ("n_layers", "ffn_dim", "max_seq_len")}
     part = lambda k: ",".join(f"{key}={max(1, full[key] // k)}" for key in keys)  # noqa: E731
     tail = f",method={method}" if method else ""
     return f"'0:{part(4)}; 0.2:{part(2)}{tail}; 0.4:{part(1)}{tail}'"
@@ -67,22 +69,23 @@ def stages(cfg, keys, method=None):
 def arm_flags(cfg, lr):
     """{arm name: the train.py flags it adds to --train-flags}, in running order."""
     L, f, T = cfg["n_layers"], cfg["ffn_dim"], cfg["max_seq_len"]
+    L_, F_, T_ = "n_layers", "ffn_dim", "max_seq_len"
     return {
         "static lr x0.5": f"--lr {lr / 2:g}", "static lr x1": f"--lr {lr:g}", "static lr x2": f"--lr {lr * 2:g}",
         "static half depth": f"--lr {lr:g} --n-layers {max(1, L // 2)}",
         "static quarter depth": f"--lr {lr:g} --n-layers {max(1, L // 4)}",
         "compound": f"--lr {lr:g} --grow compound",
-        "depth": f"--lr {lr:g} --grow {stages(cfg, ['layers'])}",
-        "ffn": f"--lr {lr:g} --grow {stages(cfg, ['ffn'])}",
-        "seq": f"--lr {lr:g} --grow {stages(cfg, ['seq'])}",
-        "depth+ffn": f"--lr {lr:g} --grow {stages(cfg, ['layers', 'ffn'])}",
-        "depth+seq": f"--lr {lr:g} --grow {stages(cfg, ['layers', 'seq'])}",
-        "ffn+seq": f"--lr {lr:g} --grow {stages(cfg, ['ffn', 'seq'])}",
+        "depth": f"--lr {lr:g} --grow {stages(cfg, [L_])}",
+        "ffn": f"--lr {lr:g} --grow {stages(cfg, [F_])}",
+        "seq": f"--lr {lr:g} --grow {stages(cfg, [T_])}",
+        "depth+ffn": f"--lr {lr:g} --grow {stages(cfg, [L_, F_])}",
+        "depth+seq": f"--lr {lr:g} --grow {stages(cfg, [L_, T_])}",
+        "ffn+seq": f"--lr {lr:g} --grow {stages(cfg, [F_, T_])}",
         "first stage, static (own length)": f"--lr {lr:g} --n-layers {max(1, L // 4)} --ffn-dim {max(1, f // 4)} "
-                                            f"--seq-len {max(4, T // 4)}",
+                                            f"--max-seq-len {max(4, T // 4)}",
         "gstack": f"--lr {lr:g} --grow gstack",
-        "depth, method zero": f"--lr {lr:g} --grow {stages(cfg, ['layers'], 'zero')}",
-        "depth, method msg": f"--lr {lr:g} --grow {stages(cfg, ['layers'], 'msg')}",
+        "depth, method zero": f"--lr {lr:g} --grow {stages(cfg, [L_], 'zero')}",
+        "depth, method msg": f"--lr {lr:g} --grow {stages(cfg, [L_], 'msg')}",
         "compound, auto": f"--lr {lr:g} --grow auto",
     }
 
@@ -126,13 +129,15 @@ def parse_args(argv=None):
 # -----------------------------------------------------------------------------
 # Reading a run's log
 
-SHAPE = re.compile(r"L(\d+) d(\d+) H(\d+) f(\d+) T(\d+)")
+OLD_SHAPE = re.compile(r"L(\d+) d(\d+) H(\d+) f(\d+) T(\d+)")  # grow.describe before the config-name logs
 
 
 def shape_config(final_cfg, text):
-    """grow.describe's 'L8 d128 H4 f256 T64' -> the final config with those five sizes."""
-    L, d, H, f, T = map(int, SHAPE.fullmatch(text).groups())
-    return {**final_cfg, "n_layers": L, "d_model": d, "n_heads": H, "ffn_dim": f, "max_seq_len": T}
+    """grow.describe's 'n_layers=8 d_model=128 n_heads=4 ffn_dim=256 max_seq_len=64' (or the older
+    'L8 d128 H4 f256 T64') -> the final config with those five sizes."""
+    old = OLD_SHAPE.fullmatch(text)
+    sizes = zip(grow.GROWN_KEYS, old.groups()) if old else (item.split("=") for item in text.split())
+    return {**final_cfg, **{key: int(value) for key, value in sizes}}
 
 
 def read_run(folder):

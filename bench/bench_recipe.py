@@ -45,7 +45,7 @@ ARMS = {
     "batch-ramp=off": "--batch-ramp 0",
     "batch/4": "--batch-tokens {batch_quarter}",
     "batch*4": "--batch-tokens {batch_times4}",
-    "seq-warmup": "--grow '0:seq={seq_quarter}; 0.2:seq={seq_half}; 0.4:seq={seq}'",
+    "seq-warmup": "--grow '0:max_seq_len={seq_quarter}; 0.2:max_seq_len={seq_half}; 0.4:max_seq_len={seq}'",
     "mask-rate=0.15": "--mask-rate 0.15",                # BERT's rate
     "mask-rate=0.40": "--mask-rate 0.4",                 # Wettig et al. 2023
     "deeper-narrower": "--n-layers {layers_times2} --d-model {d_narrow} --ffn-dim {f_narrow}",

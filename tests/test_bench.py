@@ -287,7 +287,7 @@ def test_recipe_arms_are_sized_from_the_default_run_and_keep_head_sizes_even(ben
     cfg = {"d_model": 64, "n_layers": 2, "ffn_dim": 128, "max_seq_len": 64, "n_heads": 4}
     flags = {name: bench_recipe.arm_flags(name, cfg, 1024, 0.012) for name in bench_recipe.ARMS}
     assert flags["default"] == "" and flags["lr/2"] == "--lr 0.006" and flags["batch*4"] == "--batch-tokens 4096"
-    assert flags["seq-warmup"] == "--grow '0:seq=16; 0.2:seq=32; 0.4:seq=64'"
+    assert flags["seq-warmup"] == "--grow '0:max_seq_len=16; 0.2:max_seq_len=32; 0.4:max_seq_len=64'"
     assert flags["deeper-narrower"] == "--n-layers 4 --d-model 48 --ffn-dim 96"   # head size 12: even
 
 
@@ -312,9 +312,10 @@ def test_grow_arms_take_compound_fractions_one_dimension_at_a_time(bench_grow):
     cfg, lr = bench_grow.target_config(bench_grow.CPU_TARGET)
     assert (cfg["n_layers"], cfg["ffn_dim"], cfg["max_seq_len"], lr) == (8, 128, 64, 0.012)
     flags = bench_grow.arm_flags(cfg, lr)
-    assert flags["depth"] == "--lr 0.012 --grow '0:layers=2; 0.2:layers=4; 0.4:layers=8'"
-    assert flags["ffn+seq"] == "--lr 0.012 --grow '0:ffn=32,seq=16; 0.2:ffn=64,seq=32; 0.4:ffn=128,seq=64'"
-    assert flags["depth, method zero"].endswith("0.2:layers=4,method=zero; 0.4:layers=8,method=zero'")
+    assert flags["depth"] == "--lr 0.012 --grow '0:n_layers=2; 0.2:n_layers=4; 0.4:n_layers=8'"
+    assert flags["ffn+seq"] == ("--lr 0.012 --grow '0:ffn_dim=32,max_seq_len=16; 0.2:ffn_dim=64,max_seq_len=32; "
+                                "0.4:ffn_dim=128,max_seq_len=64'")
+    assert flags["depth, method zero"].endswith("0.2:n_layers=4,method=zero; 0.4:n_layers=8,method=zero'")
     assert flags["static lr x2"] == "--lr 0.024" and flags["static quarter depth"] == "--lr 0.012 --n-layers 2"
     assert set(bench_grow.BASELINES) <= set(flags)
 

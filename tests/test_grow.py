@@ -64,8 +64,8 @@ def train_steps(net, optimizer, steps, seed=1):
 # --- schedules ------------------------------------------------------------------------
 
 def test_schedule_example_parses_into_full_configs():
-    stages = grow.parse_schedule("0:layers=4,hidden=384,seq=64; 0.25:layers=8,seq=128; 0.5:layers=16,hidden=768",
-                                 model.make_config("base"))
+    stages = grow.parse_schedule("0:n_layers=4,d_model=384,max_seq_len=64; 0.25:n_layers=8,max_seq_len=128; "
+                                 "0.5:n_layers=16,d_model=768", model.make_config("base"))
     shapes = [(s["at"], s["config"]["n_layers"], s["config"]["d_model"], s["config"]["n_heads"],
                s["config"]["max_seq_len"]) for s in stages]
     assert shapes == [(0.0, 4, 384, 6, 64), (0.25, 8, 384, 6, 128), (0.5, 16, 768, 12, 128)]  # heads follow hidden
@@ -80,6 +80,20 @@ def test_presets_start_small_and_end_at_the_target(preset):
     assert stages[-1]["config"] == target
     assert model.count_params(stages[0]["config"]) < 0.5 * model.count_params(target)
     assert stages[0]["config"]["n_layers"] == 4                   # L/4 in both presets
+
+
+def test_the_older_short_schedule_keys_still_work_as_aliases():
+    base = model.make_config("base")
+    assert (grow.parse_schedule("0:layers=4,hidden=384,heads=6,ffn=768,seq=64; 0.5:layers=16,hidden=768", base)
+            == grow.parse_schedule("0:n_layers=4,d_model=384,n_heads=6,ffn_dim=768,max_seq_len=64; "
+                                   "0.5:n_layers=16,d_model=768", base))
+
+
+def test_describe_prints_a_shape_in_the_config_names_as_a_valid_schedule_stage():
+    cfg = model.make_config("mini")
+    assert grow.describe(cfg) == "n_layers=4 d_model=256 n_heads=4 ffn_dim=512 max_seq_len=128"
+    stage = grow.parse_schedule("0:" + grow.describe(cfg).replace(" ", ","), cfg)[0]
+    assert stage["config"] == cfg
 
 
 @pytest.mark.parametrize("text,message", [
@@ -115,11 +129,11 @@ def test_ffn_growth_preserves_logits(positions, objective):
     assert logit_change(cfg, {"ffn_dim": 80}) <= 1e-5            # 48 -> 80: a non-integer factor is still exact
 
 
-@pytest.mark.parametrize("norm,norm_position,ffn,bias,tie", [
+@pytest.mark.parametrize("norm,norm_position,activation,bias,tie", [
     ("layernorm", "post", "gelu", True, True), ("rmsnorm", "pre", "swiglu", False, False),
     ("layernorm", "pre", "gelu", True, False), ("rmsnorm", "post", "geglu", True, True)])
-def test_ffn_growth_preserves_logits_for_every_block_option(norm, norm_position, ffn, bias, tie):
-    cfg = tiny(norm=norm, norm_position=norm_position, ffn=ffn, bias=bias, tie_embeddings=tie)
+def test_ffn_growth_preserves_logits_for_every_block_option(norm, norm_position, activation, bias, tie):
+    cfg = tiny(norm=norm, norm_position=norm_position, activation=activation, bias=bias, tie_embeddings=tie)
     assert logit_change(cfg, {"ffn_dim": 96}) <= 1e-5
 
 
@@ -353,9 +367,9 @@ def test_every_parameter_of_the_grown_model_updates(policy, new_moments):
 
 def test_apply_stage_returns_a_loggable_event():
     net = seeded_model(tiny())
-    stages = grow.parse_schedule("0:layers=2; 0.5:layers=4,ffn=96,method=zero", tiny())
+    stages = grow.parse_schedule("0:n_layers=2; 0.5:n_layers=4,ffn_dim=96,method=zero", tiny())
     grown, new_opt, event = grow.apply_stage(net, adamw(net), stages[1], adamw)
-    assert event["from"] == "L2 d32 H4 f48 T16" and event["to"] == "L4 d32 H4 f96 T16"
+    assert event["from"] == "n_layers=2 d_model=32 n_heads=4 ffn_dim=48 max_seq_len=16" and event["to"] == "n_layers=4 d_model=32 n_heads=4 ffn_dim=96 max_seq_len=16"
     assert event["params"] > event["params_before"] and event["function_preserving"] is True
     assert event["at"] == 0.5 and event["method"] == "zero" and event["optimizer"] == "carry/zero"
     assert grown.config == stages[1]["config"]
@@ -364,7 +378,7 @@ def test_apply_stage_returns_a_loggable_event():
 # --- end to end through train.py ------------------------------------------------------------
 
 def test_a_schedule_runs_end_to_end_through_train_py(tmp_path):
-    schedule = "0:layers=1,ffn=32,seq=16; 0.3:layers=2,ffn=64,seq=32,method=zero; 0.6:layers=4"
+    schedule = "0:n_layers=1,ffn_dim=32,max_seq_len=16; 0.3:n_layers=2,ffn_dim=64,max_seq_len=32,method=zero; 0.6:n_layers=4"
     out = tmp_path / "run"
     summary = train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--seq-len", "32",
                           "--micro-batch", "4", "--batch-tokens", "256", "--eval-batches", "2", "--log-every", "1",
@@ -373,8 +387,9 @@ def test_a_schedule_runs_end_to_end_through_train_py(tmp_path):
     with open(out / "log.jsonl") as f:
         records = [json.loads(line) for line in f]
     events = [r for r in records if r["kind"] == "grow"]
-    assert [(e["from"], e["to"]) for e in events] == [("L1 d64 H4 f32 T16", "L2 d64 H4 f64 T32"),
-                                                      ("L2 d64 H4 f64 T32", "L4 d64 H4 f64 T32")]
+    assert [(e["from"], e["to"]) for e in events] == [
+        ("n_layers=1 d_model=64 n_heads=4 ffn_dim=32 max_seq_len=16", "n_layers=2 d_model=64 n_heads=4 ffn_dim=64 max_seq_len=32"),
+        ("n_layers=2 d_model=64 n_heads=4 ffn_dim=64 max_seq_len=32", "n_layers=4 d_model=64 n_heads=4 ffn_dim=64 max_seq_len=32")]
     assert [e["step"] for e in events] == [9, 18]                  # the first steps past 30% and 60% of 30 steps
     assert [e["method"] for e in events] == ["zero", "stack"] and [e["at"] for e in events] == [0.3, 0.6]
     for e in events:

@@ -33,9 +33,9 @@ OPTION_GRID = list(itertools.product(
     [False, True], [False, True], ["mlm", "clm"]))
 
 
-@pytest.mark.parametrize("positions,norm,norm_position,ffn,bias,embedding_norm,objective", OPTION_GRID)
-def test_every_option_combination_trains(positions, norm, norm_position, ffn, bias, embedding_norm, objective):
-    cfg = tiny(positions=positions, norm=norm, norm_position=norm_position, ffn=ffn, bias=bias,
+@pytest.mark.parametrize("positions,norm,norm_position,activation,bias,embedding_norm,objective", OPTION_GRID)
+def test_every_option_combination_trains(positions, norm, norm_position, activation, bias, embedding_norm, objective):
+    cfg = tiny(positions=positions, norm=norm, norm_position=norm_position, activation=activation, bias=bias,
                embedding_norm=embedding_norm, objective=objective, n_layers=1, d_model=16, ffn_dim=16)
     net = seeded_model(cfg).train()
     x = tokens(T=8)
@@ -56,7 +56,7 @@ def test_vocab_is_padded_to_a_multiple_of_64():
 def test_base_preset_is_the_crammed_bert_shape():
     cfg = model.make_config("base")
     assert (cfg["n_layers"], cfg["d_model"], cfg["n_heads"], cfg["max_seq_len"], cfg["vocab_size"]) == (16, 768, 12, 128, 32768)
-    assert (cfg["norm_position"], cfg["ffn"], cfg["bias"], cfg["embedding_norm"], cfg["tie_embeddings"]) == ("pre", "geglu", False, True, True)
+    assert (cfg["norm_position"], cfg["activation"], cfg["bias"], cfg["embedding_norm"], cfg["tie_embeddings"]) == ("pre", "geglu", False, True, True)
     assert cfg["positions"] == "sinusoidal" and cfg["dropout"] == 0.0
     # 119.6 M parameters, 94.4 M without embeddings, and 623 MFLOP per token (cramming.md's accounting).
     assert round(model.count_params(cfg) / 1e6, 1) == 119.6
@@ -182,7 +182,7 @@ def test_alibi_slopes_follow_the_paper():
 # --- accounting ---------------------------------------------------------------------
 
 ACCOUNTING_CASES = [
-    {}, {"bias": True}, {"norm": "rmsnorm"}, {"ffn": "gelu"}, {"positions": "learned"}, {"tie_embeddings": False},
+    {}, {"bias": True}, {"norm": "rmsnorm"}, {"activation": "gelu"}, {"positions": "learned"}, {"tie_embeddings": False},
     {"norm_position": "post", "embedding_norm": False}, {"num_labels": 3}, {"objective": "clm", "positions": "rotary"},
 ]
 
@@ -208,7 +208,7 @@ def math_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0):
     return scores.softmax(-1) @ v
 
 
-@pytest.mark.parametrize("overrides", [{}, {"ffn": "gelu", "bias": True}, {"objective": "clm"}, {"tie_embeddings": False}])
+@pytest.mark.parametrize("overrides", [{}, {"activation": "gelu", "bias": True}, {"objective": "clm"}, {"tie_embeddings": False}])
 def test_flops_per_token_equals_a_count_of_the_matmuls(overrides, monkeypatch):
     cfg = tiny(**overrides)
     net = model.build_model(cfg)
@@ -434,3 +434,9 @@ def test_command_line_errors_are_one_line(tmp_path, mlm, enc):
         model.main([str(tmp_path / "bare"), "a [MASK]"])
     with pytest.raises(SystemExit, match="^error: text 'no mask' has no \\[MASK\\] to fill$"):
         model.main([checkpoint(tmp_path, mlm, enc), "no mask"])
+
+
+def test_a_config_saved_with_the_old_ffn_key_loads_with_activation():
+    old = {**model.make_config("tiny", activation="swiglu")}
+    old["ffn"] = old.pop("activation")          # how config.json looked before the rename
+    assert model.validate_config(old) == model.make_config("tiny", activation="swiglu")

@@ -82,13 +82,13 @@ def chosen(argv, flops_per_s, on_gpu):
 
 def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
     picks = chosen(["--minutes", "2"], flops_per_s=2e10, on_gpu=False)
-    assert picks == {"model": "tiny", "vocab_size": 512, "seq_len": 64, "batch_tokens": 2048, "micro_batch": 32,
+    assert picks == {"model": "tiny", "vocab_size": 512, "max_seq_len": 64, "batch_tokens": 2048, "micro_batch": 32,
                      "lr": 0.012}
 
 
 def test_a_gpu_day_gets_crammings_base_model_and_batch():
     picks = chosen(["--hours", "24"], flops_per_s=0.4 * 989e12, on_gpu=True)
-    assert picks == {"model": "base", "vocab_size": 32768, "seq_len": 128, "batch_tokens": 8192 * 128,
+    assert picks == {"model": "base", "vocab_size": 32768, "max_seq_len": 128, "batch_tokens": 8192 * 128,
                      "micro_batch": 128, "lr": 1e-3}
 
 
@@ -114,7 +114,7 @@ def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(cache, tm
     assert "defaults: chose model tiny" in capsys.readouterr().out
     with open(tmp_path / "args.json") as f:
         saved = json.load(f)
-    assert (saved["model"], saved["seq_len"], saved["micro_batch"]) == ("tiny", 64, 16)   # a step budget
+    assert (saved["model"], saved["max_seq_len"], saved["micro_batch"]) == ("tiny", 64, 16)   # a step budget
 
 
 def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
@@ -205,11 +205,11 @@ def test_sigterm_during_a_long_step_saves_and_exits_within_seconds(cache, tmp_pa
 
 
 def test_sequence_length_warm_up_shows_in_the_log_at_equal_tokens_per_step(cache, tmp_path):
-    run(cache, tmp_path, "--max-steps", "10", "--batch-ramp", "0", "--grow", "0:seq=16; 0.5:seq=32")
+    run(cache, tmp_path, "--max-steps", "10", "--batch-ramp", "0", "--grow", "0:max_seq_len=16; 0.5:max_seq_len=32")
     log = read_log(tmp_path)
     grows = [r for r in log if r["kind"] == "grow"]
     assert len(grows) == 1 and grows[0]["step"] == 5
-    assert grows[0]["from"].endswith("T16") and grows[0]["to"].endswith("T32")
+    assert grows[0]["from"].endswith("max_seq_len=16") and grows[0]["to"].endswith("max_seq_len=32")
     assert {r["batch_tokens"] for r in log if r["kind"] == "train"} == {256}   # 4 x 16 tokens x 4 micro-batches, then 4 x 32 x 2
 
 
@@ -248,16 +248,28 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(cache, tmp_path):
     assert 0 < state["step"] < 100000
 
 
-def test_non_finite_losses_are_skipped_and_logged(cache, tmp_path):
-    summary = run(cache, tmp_path, "--max-steps", "10", "--inject-nan", "4")
+def make_losses_non_finite(monkeypatch, attempts):
+    """Fault injection: forward_backward reports NaN on these update attempts (1-based; skipped ones count)."""
+    real, calls = train.forward_backward, []
+
+    def faulty(*args, **kwargs):
+        loss, done, grad_norm = real(*args, **kwargs)
+        calls.append(1)
+        return (float("nan") if len(calls) in attempts else loss), done, grad_norm
+    monkeypatch.setattr(train, "forward_backward", faulty)
+
+
+def test_non_finite_losses_are_skipped_and_logged(cache, tmp_path, monkeypatch):
+    make_losses_non_finite(monkeypatch, {4})
+    summary = run(cache, tmp_path, "--max-steps", "10")
     skips = [r for r in read_log(tmp_path) if r["kind"] == "skip"]
     assert len(skips) == 1 and summary["skipped_steps"] == 1 and summary["steps"] == 10
 
 
-def test_repeated_non_finite_losses_stop_and_restore_the_last_good_checkpoint(cache, tmp_path, capsys):
+def test_repeated_non_finite_losses_stop_and_restore_the_last_good_checkpoint(cache, tmp_path, capsys, monkeypatch):
+    make_losses_non_finite(monkeypatch, {5, 6, 7})
     with pytest.raises(SystemExit) as stop:
-        run(cache, tmp_path, "--max-steps", "20", "--checkpoint-steps", "3", "--inject-nan", "5,6,7",
-            "--max-bad-steps", "3")
+        run(cache, tmp_path, "--max-steps", "20", "--checkpoint-steps", "3", "--max-bad-steps", "3")
     assert stop.value.code == 1
     assert "3 non-finite losses in a row" in capsys.readouterr().out
     good = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
@@ -408,3 +420,9 @@ def test_grow_auto_with_a_flat_threshold_waits_for_the_deadlines(cache, tmp_path
 def test_embedding_norm_can_be_switched_off(cache, tmp_path):
     run(cache, tmp_path, "--max-steps", "1", "--embedding-norm", "off")
     assert json.loads((tmp_path / "final" / "config.json").read_text())["embedding_norm"] is False
+
+
+def test_the_old_flag_names_seq_len_and_ffn_are_aliases_of_the_config_names():
+    old = train.parse_args(["--max-steps", "1", "--seq-len", "32", "--ffn", "gelu"])
+    new = train.parse_args(["--max-steps", "1", "--max-seq-len", "32", "--activation", "gelu"])
+    assert vars(old) == vars(new) and (new.max_seq_len, new.activation) == (32, "gelu")

@@ -27,7 +27,6 @@ import shutil
 import sys
 import time
 import zipfile
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -35,6 +34,7 @@ from tqdm import tqdm
 
 import data
 import model
+import train
 
 csv.field_size_limit(1 << 24)  # a few MNLI/QQP fields are long; the default 128 KiB limit is close
 
@@ -453,18 +453,16 @@ def pad_batch(seqs, pad_id, device):
 
 
 def lr_factor(step, warmup_steps, total_steps):
-    """Multiplier of the peak lr before optimizer step `step` (0-based): linear warmup from 0, then cosine to 0."""
-    if step < warmup_steps:
-        return step / warmup_steps
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    """Multiplier of the peak lr before optimizer step `step` (0-based): linear warmup from 0, then cosine to 0
+    (train.py's cosine schedule, on a step clock)."""
+    total = max(1, total_steps)
+    return train.lr_multiplier(step / total, "cosine", warmup_steps / total)
 
 
 def autocast(device):
-    """bf16 autocast on a GPU that supports it (no loss scaling needed); plain fp32 elsewhere."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
+    """train.py's autocast: bf16 on a GPU that supports it (no loss scaling needed), plain fp32 elsewhere."""
+    dtype = train.autocast_dtype("auto", device)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 @torch.no_grad()

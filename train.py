@@ -38,6 +38,10 @@ import model
 # -----------------------------------------------------------------------------
 # Command line
 
+# Model config keys that a flag of the same name (--n-layers for n_layers) overrides on top of the preset
+SIZE_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim")
+CHOICE_KEYS = ("positions", "norm", "norm_position", "activation")
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="train.py", description="Budgeted language-model pretraining (cramming).",
@@ -62,7 +66,7 @@ def parse_args(argv=None):
     g.add_argument("--model", default="auto", help=f"preset of model.py: {', '.join(model.PRESETS)}; auto: chosen "
                    "from the device and the budget (cramming's base for a GPU day, tiny for CPU minutes)")
     g.add_argument("--objective", choices=["mlm", "clm"], default="mlm", help="masked LM encoder or causal LM decoder")
-    for key in ("n_layers", "d_model", "n_heads", "ffn_dim"):
+    for key in SIZE_KEYS:
         g.add_argument("--" + key.replace("_", "-"), type=int, default=None, help=f"override the preset's {key}")
     g.add_argument("--positions", choices=model.CHOICES["positions"], default="rotary",
                    help="position scheme (cramming: sinusoidal; rotary leaves the unigram plateau far sooner, "
@@ -170,7 +174,7 @@ def check_args(parser, args):
         v = getattr(args, name)
         if v is not None and v < low:
             parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {v}")
-    for name in ("n_layers", "d_model", "n_heads", "ffn_dim", "fineweb_shards"):
+    for name in (*SIZE_KEYS, "fineweb_shards"):
         v = getattr(args, name)
         need(v is None or v >= 1, "--" + name.replace("_", "-"), ">= 1")
     if not 0 <= args.batch_ramp < 1 or not 0 <= args.warmup < 1 or not 0 < args.eval_every <= 1:
@@ -208,8 +212,7 @@ def check_args(parser, args):
 
 def model_config(args, vocab_size):
     """The model config of the run (before any growth stage): preset, then the flags that override it."""
-    overrides = {k: getattr(args, k) for k in ("n_layers", "d_model", "n_heads", "ffn_dim", "positions", "norm",
-                                                "norm_position", "activation") if getattr(args, k) is not None}
+    overrides = {k: getattr(args, k) for k in SIZE_KEYS + CHOICE_KEYS if getattr(args, k) is not None}
     if args.embedding_norm:
         overrides["embedding_norm"] = args.embedding_norm == "on"
     return model.make_config(args.model, **overrides, vocab_size=vocab_size, max_seq_len=args.max_seq_len,
@@ -498,7 +501,7 @@ def prepare(args, device, rank, world):
 
 
 CONFIG_FLAGS = {key: "--" + key.replace("_", "-") for key in  # each config key's flag has the key's own name
-                ("n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len", "vocab_size", "mask_rate")}
+                (*SIZE_KEYS, "max_seq_len", "vocab_size", "mask_rate")}
 
 
 def config_error_in_flags(error):
@@ -922,12 +925,23 @@ def log_step(run, state, speed, bar, p, *, loss, lr, batch_tokens, grad_norm, fl
 # The run: setup, the loop, the finish
 
 def train(args):
+    """One run: setup, the loop, the finish. Each pass of the loop is one optimizer step:
+      1. stop when the budget is spent (progress p = 1: time, steps or tokens) or a signal came;
+      2. grow the model when the next growth stage is due (grow.py);
+      3. set the learning rate from p;
+      4. forward and backward over micro-batches until the step holds --batch-tokens (fewer at the deadline);
+      5. skip the update if the loss is not finite, else update the weights;
+      6. log; evaluate every --eval-every of the budget; checkpoint every --checkpoint-minutes.
+    It ends when p reaches 1 (at most one micro-batch late), on SIGTERM/SIGINT (saved for --resume), or after
+    --max-bad-steps non-finite losses in a row (the last good checkpoint is restored)."""
+    # ---- setup: settings and checks, data, model and optimizer, the clock
     device, rank, world = setup_device(args.device)
     ckpt = resolve_settings(args, device, rank, world)
     run, cfg = start_run(args, ckpt, device, rank, world)
     net, optimizer, loader, state = build(run, cfg, ckpt)
     start_clock(run, state, net, resumed=ckpt is not None)
     describe_run(run, net, cfg)
+    # preemption (SIGTERM) and Ctrl-C only set a flag: the step in flight finishes, then the run saves
     previous_handlers = {sig: signal.signal(sig, lambda s, f: run.budget.stopped.append(s))
                          for sig in (signal.SIGTERM, signal.SIGINT)}
     bar = tqdm(total=100, disable=rank != 0, unit="%", desc="budget", dynamic_ncols=True,

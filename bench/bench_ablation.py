@@ -13,7 +13,6 @@ built-in zero-shot tasks made from the validation documents of the same prepared
 sentence among 4; last-word: the final word of a 40-word passage). Prints every seed and the spread, writes
 results.json.
 """
-import argparse
 import json
 import os
 import shlex
@@ -25,7 +24,7 @@ ROOT = os.path.dirname(BENCH)
 sys.path[:0] = [ROOT, BENCH]
 import data  # noqa: E402
 import evaluate_lm  # noqa: E402
-from bench_recipe import run_lanes  # noqa: E402
+from bench_recipe import check_lane_args, lane_bench_parser, run_lanes  # noqa: E402
 
 TARGET = ("--objective clm --model tiny --n-layers 4 --d-model 64 --n-heads 4 --ffn-dim 128 --max-seq-len 64 "
           "--vocab-size 2048 --micro-batch 16 --batch-tokens 2048")
@@ -35,19 +34,13 @@ ARMS = {f"{positions}, {'emb norm' if norm else 'no emb norm'}":
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--minutes", type=float, default=2.0, help="wall-clock budget of every run, in minutes")
-    p.add_argument("--seeds", type=int, default=2, help="seeds per arm")
+    p = lane_bench_parser(__doc__, seeds=2, out="runs/bench_ablation")
     p.add_argument("--train-flags", default=TARGET, help="train.py flags of the decoder shared by all arms")
     p.add_argument("--items", type=int, default=500, help="items per zero-shot task")
-    p.add_argument("--out", default="runs/bench_ablation", help="folder for the runs and results.json")
-    p.add_argument("--cache", default="cache", help="train.py's data cache")
-    p.add_argument("--reuse", action="store_true", help="keep the finished runs already in --out, run the rest")
-    p.add_argument("--analyze-only", action="store_true", help="only evaluate the runs already in --out")
     args = p.parse_args(argv)
-    if args.minutes <= 0 or args.seeds < 1 or args.items < 1:
-        p.error("--minutes must be positive, --seeds and --items >= 1")
+    check_lane_args(p, args)
+    if args.items < 1:
+        p.error("--items must be >= 1")
     return args
 
 

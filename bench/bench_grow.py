@@ -25,7 +25,6 @@ speedup (strongest baseline's seconds to its final loss / the arm's seconds to r
 evaluations of the fully grown model count) and the same in training FLOPs. Median and range over seeds. Writes
 bench_grow.json (every curve) and curves.png (matplotlib, optional).
 """
-import argparse
 import json
 import os
 import re
@@ -40,7 +39,8 @@ sys.path[:0] = [ROOT, BENCH]
 import data  # noqa: E402
 import grow  # noqa: E402
 import model  # noqa: E402
-from bench_recipe import run_lanes  # noqa: E402
+from bench_cram import time_to_loss  # noqa: E402
+from bench_recipe import check_lane_args, lane_bench_parser, run_lanes  # noqa: E402
 
 # The CPU target: 8 layers of width 64 at 64 tokens, 1,024 tokens per step (about 500 steps in 2 minutes on one
 # thread, the recipe's ~1,000-step rule at half the budget).
@@ -108,21 +108,13 @@ def split_arms(text, known):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = lane_bench_parser(__doc__, seeds=3, out="runs/bench_grow")
     p.add_argument("--arms", default=None, help="comma-separated arm names (default: all; see arm_flags)")
-    p.add_argument("--minutes", type=float, default=2.0, help="wall-clock budget of every run, in minutes")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per arm")
     p.add_argument("--train-flags", default=CPU_TARGET, help="train.py flags of the target, shared by all arms")
     p.add_argument("--eval-every", type=float, default=0.04, help="held-out evaluation interval, fraction of budget")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per evaluation")
-    p.add_argument("--out", default="runs/bench_grow", help="folder for the runs and the JSON result")
-    p.add_argument("--cache", default="cache", help="train.py's data cache")
-    p.add_argument("--reuse", action="store_true", help="keep the finished runs already in --out, run the rest")
-    p.add_argument("--analyze-only", action="store_true", help="do not train: analyze the runs already in --out")
     args = p.parse_args(argv)
-    if args.minutes <= 0 or args.seeds < 1:
-        p.error("--minutes must be positive and --seeds >= 1")
+    check_lane_args(p, args)
     return args
 
 
@@ -168,16 +160,9 @@ def read_run(folder):
 
 def first_reach(curve, target, axis):
     """Interpolated time (axis 0) or FLOPs (axis 1) at which the fully grown model's loss first is <= target,
-    or None if it never is."""
-    points = [c for c in curve if c[3]]
-    for i, point in enumerate(points):
-        if point[2] <= target:
-            if i == 0:
-                return point[axis]
-            a, b = points[i - 1], point
-            w = (a[2] - target) / (a[2] - b[2])
-            return a[axis] + w * (b[axis] - a[axis])
-    return None
+    or None if it never is (bench_cram.time_to_loss on the evaluations after the last growth event)."""
+    points = [{"elapsed": t, "flops": f, "val_loss": loss} for t, f, loss, grown in curve if grown]
+    return time_to_loss(points, target, ("elapsed", "flops")[axis])
 
 
 def compare(base, grown):

@@ -53,24 +53,33 @@ ARMS = {
 }
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", default="sample", help="corpus for train.py --data")
+def lane_bench_parser(doc, seeds, out):
+    """The command line every lane bench shares (bench_recipe, bench_grow, bench_ablation): budget, seeds, folders."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--minutes", type=float, default=2.0, help="wall-clock budget of every run, in minutes")
-    p.add_argument("--seeds", type=int, default=2, help="seeds per arm")
+    p.add_argument("--seeds", type=int, default=seeds, help="seeds per arm")
+    p.add_argument("--out", default=out, help="folder for the runs and the JSON result")
+    p.add_argument("--cache", default="cache", help="train.py's data cache")
+    p.add_argument("--reuse", action="store_true", help="keep the finished runs already in --out, run the rest")
+    p.add_argument("--analyze-only", action="store_true", help="do not train: analyze the runs already in --out")
+    return p
+
+
+def check_lane_args(p, args):
+    if args.minutes <= 0 or args.seeds < 1:
+        p.error("--minutes must be positive and --seeds >= 1")
+
+
+def parse_args(argv=None):
+    p = lane_bench_parser(__doc__, seeds=2, out="runs/bench_recipe")
+    p.add_argument("--data", default="sample", help="corpus for train.py --data")
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (see ARMS in this file)")
     p.add_argument("--base-flags", default="", help="train.py flags every arm starts from (default: none)")
-    p.add_argument("--out", default="runs/bench_recipe", help="folder for the runs and results.json")
-    p.add_argument("--cache", default="cache", help="train.py's data cache")
-    p.add_argument("--analyze-only", action="store_true", help="recompute the table from the runs in --out")
-    p.add_argument("--reuse", action="store_true", help="keep the finished runs already in --out, run the rest")
     args = p.parse_args(argv)
     unknown = [a for a in args.arms.split(",") if a not in ARMS]
     if unknown:
         p.error(f"--arms: unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)}")
-    if args.minutes <= 0 or args.seeds < 1:
-        p.error("--minutes must be positive and --seeds >= 1")
+    check_lane_args(p, args)
     return args
 
 

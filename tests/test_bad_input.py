@@ -19,6 +19,7 @@ import grow
 import model
 import scaling
 import train
+from conftest import random_checkpoint
 
 
 def refuse(main, argv, capsys):
@@ -156,12 +157,8 @@ def test_a_damaged_shard_is_a_one_line_error_in_train(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("ckpt"))
-    enc = data.train_tokenizer([f"line {i} of the play, said the {i % 5} actor" for i in range(300)], 320)
-    data.save_tokenizer(enc, os.path.join(folder, "tokenizer.json"))
-    cfg = model.make_config("tiny", vocab_size=enc.n_vocab, n_layers=1, d_model=32, n_heads=2, ffn_dim=64)
-    model.save_model(model.build_model(cfg), folder)
-    return folder
+    texts = [f"line {i} of the play, said the {i % 5} actor" for i in range(300)]
+    return random_checkpoint(tmp_path_factory.mktemp("ckpt"), texts)
 
 
 def task_file(path, rows, header=("sentence", "label")):
@@ -254,7 +251,7 @@ def test_glue_refuses_to_score_nan_predictions(checkpoint, tmp_path, monkeypatch
 
 # --- grow.py, scaling.py, model.py --------------------------------------------------------------------------------
 
-def test_grow_cli_unknown_preset_is_one_line(capsys):
+def test_grow_cli_names_an_unknown_preset_in_one_line(capsys):
     assert "unknown model preset 'huge'" in refuse(grow.main, ["compound", "huge"], capsys)
 
 

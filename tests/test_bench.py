@@ -16,8 +16,7 @@ import pytest
 import torch
 
 import model
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
 
 
 def load_bench(name):
@@ -61,7 +60,7 @@ def test_our_model_alone_reports_throughput_and_mfu_against_the_gpu_peak(bench_m
                                                abs=1e-3)
 
 
-def test_no_mfu_without_a_known_gpu_peak(bench_model, monkeypatch, tmp_path):
+def test_mfu_is_not_reported_without_a_known_gpu_peak(bench_model, monkeypatch, tmp_path):
     assert "mfu_ours" not in run_bench(bench_model, monkeypatch, tmp_path, "--skip-hf")  # the CPU has no table entry
 
 
@@ -96,15 +95,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def sample_cache(tmp_path_factory):
-    """The sample corpus with a 512-token BPE, prepared once for this file (as train.py would prepare it)."""
-    import data
-    folder = str(tmp_path_factory.mktemp("cache"))
-    data.prepare_data("sample", folder, 512, progress=False)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,8 @@ def fake_meta(tmp_path, tokens, n_ordinary=100):
 
 
 @pytest.fixture(scope="module")
-def enc():
+def docs_enc():
+    """A 384-token BPE trained on 40 made-up documents (not conftest's sentence tokenizer `enc`)."""
     return data.train_tokenizer(make_docs(40), vocab_size=384)
 
 
@@ -151,12 +152,12 @@ def test_prepare_removes_duplicates_empty_and_incompressible_documents(tmp_path)
 
 # ---------------------------------------------------------------------------------------------- tokenizer
 
-def test_vocab_is_padded_to_a_multiple_of_64_with_specials_after_the_merges(enc):
-    assert enc.n_vocab == 384 and enc.n_vocab % 64 == 0
-    ids = data.special_ids(enc)
-    assert data.n_ordinary(enc) == ids["pad"] == 376  # 256 bytes + 120 merges, then 4 specials + 4 reserved
+def test_vocab_is_padded_to_a_multiple_of_64_with_specials_after_the_merges(docs_enc):
+    assert docs_enc.n_vocab == 384 and docs_enc.n_vocab % 64 == 0
+    ids = data.special_ids(docs_enc)
+    assert data.n_ordinary(docs_enc) == ids["pad"] == 376  # 256 bytes + 120 merges, then 4 specials + 4 reserved
     assert [ids[k] for k in ("pad", "cls", "sep", "mask")] == [376, 377, 378, 379]
-    assert enc.decode_single_token_bytes(383) == b"[RESERVED_3]"
+    assert docs_enc.decode_single_token_bytes(383) == b"[RESERVED_3]"
 
 
 def test_vocab_size_not_a_multiple_of_64_is_rounded_up():
@@ -165,40 +166,40 @@ def test_vocab_size_not_a_multiple_of_64_is_rounded_up():
         data.train_tokenizer(["abc"], vocab_size=260)
 
 
-def test_encode_decode_round_trips_any_utf8(enc):
+def test_encode_decode_round_trips_any_utf8(docs_enc):
     rng = np.random.default_rng(0)
     texts = ["", "naïve café", "日本語のテキスト", "emoji 🤖👍🏽 ZWJ 👩‍👩‍👧", "e\u0301 combining",
              "\r\n\t\x00 nul", "12345678901234567890", "[MASK] [CLS] look like specials"]
     texts += ["".join(chr(c) for c in rng.integers(1, 0x10FFFF, 50) if not 0xD800 <= c < 0xE000) for _ in range(20)]
     for t in texts:
-        assert enc.decode(enc.encode_ordinary(t)) == t
+        assert docs_enc.decode(docs_enc.encode_ordinary(t)) == t
 
 
-def test_special_token_strings_in_text_are_ordinary_bytes(enc):
-    ids = enc.encode_ordinary("[MASK]")
-    assert data.special_ids(enc)["mask"] not in ids and max(ids) < data.n_ordinary(enc)
+def test_special_token_strings_in_text_are_ordinary_bytes(docs_enc):
+    ids = docs_enc.encode_ordinary("[MASK]")
+    assert data.special_ids(docs_enc)["mask"] not in ids and max(ids) < data.n_ordinary(docs_enc)
 
 
-def test_numbers_are_split_into_groups_of_at_most_two_digits(enc):
-    pieces = [enc.decode([i]) for i in enc.encode_ordinary("12345")]
+def test_numbers_are_split_into_groups_of_at_most_two_digits(docs_enc):
+    pieces = [docs_enc.decode([i]) for i in docs_enc.encode_ordinary("12345")]
     assert "".join(pieces) == "12345" and max(map(len, pieces)) <= 2
 
 
-def test_tokenizer_file_is_plain_json_and_loads_identically(enc, tmp_path):
+def test_tokenizer_file_is_plain_json_and_loads_identically(docs_enc, tmp_path):
     path = str(tmp_path / "tok.json")
-    data.save_tokenizer(enc, path)
+    data.save_tokenizer(docs_enc, path)
     doc = json.load(open(path))
     assert doc["format"] == "growcram-tokenizer" and doc["version"] == 1 and len(doc["ranks"]) == 376
     loaded = data.load_tokenizer(path)
     text = " ".join(make_docs(3, seed=9))
-    assert loaded.encode_ordinary(text) == enc.encode_ordinary(text) and loaded.n_vocab == 384
-    assert data.special_ids(loaded) == data.special_ids(enc)
+    assert loaded.encode_ordinary(text) == docs_enc.encode_ordinary(text) and loaded.n_vocab == 384
+    assert data.special_ids(loaded) == data.special_ids(docs_enc)
     assert os.listdir(tmp_path) == ["tok.json"]  # no temporary file left
 
 
-def test_tokenizer_of_another_version_is_a_one_line_error_naming_the_file(enc, tmp_path):
+def test_tokenizer_of_another_version_is_a_one_line_error_naming_the_file(docs_enc, tmp_path):
     path = str(tmp_path / "tok.json")
-    data.save_tokenizer(enc, path)
+    data.save_tokenizer(docs_enc, path)
     doc = json.load(open(path))
     doc["version"] = 99
     json.dump(doc, open(path, "w"))
@@ -304,7 +305,7 @@ def test_process_pool_writes_the_same_shards_as_one_process(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- batches
 
-def test_mlm_batch_shapes_and_fixed_masked_count(tmp_path):
+def test_an_mlm_batch_has_fixed_shapes_and_a_fixed_number_of_masked_positions(tmp_path):
     loader = data.make_loader(fake_meta(tmp_path, np.arange(5000) % 100), "train", "mlm", seed=0)
     b = loader.next_batch(4, 128)
     assert b["input_ids"].shape == (4, 128) and b["labels"].shape == (4, 32) == b["label_positions"].shape
@@ -358,7 +359,7 @@ def test_one_shuffled_epoch_reads_every_token_exactly_once(tmp_path):
     assert loader.state_dict()["epoch"] == 1
 
 
-def test_same_seed_same_batches_other_seed_other_batches(tmp_path):
+def test_the_same_seed_gives_the_same_batches_and_another_seed_other_batches(tmp_path):
     meta = fake_meta(tmp_path, np.arange(50000) % 100)
     a, b, c = (data.make_loader(meta, "train", "mlm", seed=s).next_batch(8, 32) for s in (7, 7, 8))
     assert all(torch.equal(a[k], b[k]) for k in a) and not torch.equal(a["input_ids"], c["input_ids"])
@@ -537,6 +538,6 @@ def test_cli_prints_a_summary_and_writes_json(tmp_path, capsys):
     assert json.load(open(os.path.join(meta["dir"], "meta.json")))["train_tokens"] == meta["train_tokens"]
 
 
-def test_cli_bad_path_exits_with_one_line(tmp_path):
+def test_the_cli_exits_with_one_line_on_a_bad_path(tmp_path):
     with pytest.raises(SystemExit, match="error: data path not found"):
         data.main(["--data", str(tmp_path / "missing"), "--out", str(tmp_path)])

@@ -5,41 +5,24 @@ log-likelihood against a per-token loop, the pseudo-log-likelihood against one m
 acc_norm on a case where length normalisation flips the answer, and last-word accuracy on a memorized sentence.
 """
 import json
-import os
 
 import pytest
 import torch
 
 import data
 import evaluate_lm
-import model
-
-SENTENCE = "the cat sat on the mat."
+from conftest import SENTENCE, save_checkpoint, seeded_model, tiny
 
 
-@pytest.fixture(scope="module")
-def enc():
-    texts = [SENTENCE, "the dog ran in the park.", "a bird sang on the tree.", "we sat in the sun."] * 10
-    return data.train_tokenizer(texts, vocab_size=320)
-
-
-def tiny(enc, **overrides):
-    torch.manual_seed(0)
-    cfg = model.make_config("tiny", vocab_size=enc.n_vocab, n_layers=2, d_model=32, n_heads=4, ffn_dim=48,
-                            max_seq_len=32, **overrides)
-    return model.build_model(cfg).eval()
-
-
-def save(net, enc, folder):
-    model.save_model(net, str(folder))
-    data.save_tokenizer(enc, os.path.join(folder, "tokenizer.json"))
-    return str(folder)
+def tiny_model(enc, **overrides):
+    """conftest's seeded tiny model with enc's vocabulary."""
+    return seeded_model(tiny(vocab_size=enc.n_vocab, **overrides))
 
 
 @pytest.fixture(scope="module")
 def memorized(enc):
     """A causal LM that has memorized SENTENCE as a document (after [SEP])."""
-    net = tiny(enc, objective="clm", positions="rotary").train()
+    net = tiny_model(enc, objective="clm", positions="rotary").train()
     doc = [data.special_ids(enc)["sep"]] + enc.encode_ordinary(SENTENCE)
     ids = torch.tensor(doc).repeat(8, 1)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
@@ -52,7 +35,7 @@ def memorized(enc):
 
 
 def test_causal_log_likelihood_equals_a_token_by_token_sum(enc):
-    net, specials = tiny(enc, objective="clm"), data.special_ids(enc)
+    net, specials = tiny_model(enc, objective="clm"), data.special_ids(enc)
     ctx, conts = enc.encode_ordinary("the cat"), [enc.encode_ordinary(" sat on"), enc.encode_ordinary(" ran")]
     scores = evaluate_lm.score_causal(net, specials, ctx, conts)
     for (lp, _), c in zip(scores, conts):
@@ -65,7 +48,7 @@ def test_causal_log_likelihood_equals_a_token_by_token_sum(enc):
 
 
 def test_pseudo_log_likelihood_equals_one_masked_pass_per_token(enc):
-    net, sp = tiny(enc), data.special_ids(enc)
+    net, sp = tiny_model(enc), data.special_ids(enc)
     ctx, cont = enc.encode_ordinary("the cat"), enc.encode_ordinary(" sat on the mat")
     (lp, _), = evaluate_lm.score_masked(net, sp, ctx, [cont])
     row, expected = [sp["cls"]] + ctx + cont + [sp["sep"]], 0.0
@@ -96,10 +79,10 @@ def test_last_word_of_a_memorized_sentence_is_predicted_greedily(memorized, enc)
     assert metrics["acc"] == 0.0 and metrics["perplexity"] > 2.0
 
 
-def test_multiple_choice_on_the_memorized_sentence(memorized, enc, tmp_path):
+def test_multiple_choice_picks_the_memorized_ending_and_writes_both_result_files(memorized, enc, tmp_path):
     path = tmp_path / "mc.jsonl"
     path.write_text(json.dumps({"context": "the cat sat on the", "choices": ["tree.", "mat."], "label": 1}) + "\n")
-    folder = save(memorized, enc, tmp_path / "ckpt")
+    folder = save_checkpoint(memorized, enc, tmp_path / "ckpt")
     result = evaluate_lm.main(["--checkpoint", folder, "--task-file", str(path), "--no-progress",
                                "--out", str(tmp_path / "out")])
     assert result["tasks"]["mc"]["metrics"] == {"acc": 100.0, "acc_norm": 100.0}
@@ -111,8 +94,8 @@ def test_multiple_choice_on_the_memorized_sentence(memorized, enc, tmp_path):
 def test_masked_models_are_scored_by_pll_and_say_so(enc, tmp_path):
     path = tmp_path / "mc.jsonl"
     path.write_text(json.dumps({"context": "the cat", "choices": ["sat", "ran"], "label": 0}) + "\n")
-    result = evaluate_lm.main(["--checkpoint", save(tiny(enc), enc, tmp_path / "ckpt"), "--task-file", str(path),
-                               "--no-progress"])
+    folder = save_checkpoint(tiny_model(enc), enc, tmp_path / "ckpt")
+    result = evaluate_lm.main(["--checkpoint", folder, "--task-file", str(path), "--no-progress"])
     assert result["scoring"].startswith("PLL") and 0 <= result["tasks"]["mc"]["metrics"]["acc"] <= 100
 
 
@@ -128,8 +111,9 @@ def test_masked_models_are_scored_by_pll_and_say_so(enc, tmp_path):
 def test_bad_task_lines_are_one_line_errors_naming_file_and_line(line, message, enc, tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(line + "\n")
+    folder = save_checkpoint(tiny_model(enc), enc, tmp_path / "ckpt")
     with pytest.raises(SystemExit) as stop:
-        evaluate_lm.main(["--checkpoint", save(tiny(enc), enc, tmp_path / "ckpt"), "--task-file", str(path)])
+        evaluate_lm.main(["--checkpoint", folder, "--task-file", str(path)])
     assert str(stop.value.code).startswith(f"error: {path}") and message in str(stop.value.code)
     assert "\n" not in str(stop.value.code)
 
@@ -155,8 +139,9 @@ def test_built_in_tasks_come_from_held_out_documents_only(tmp_path):
 
 
 def test_built_in_tasks_need_the_held_out_folder(enc, tmp_path):
+    folder = save_checkpoint(tiny_model(enc), enc, tmp_path / "ckpt")
     with pytest.raises(SystemExit, match="built-in tasks need --held-out"):
-        evaluate_lm.main(["--checkpoint", save(tiny(enc), enc, tmp_path / "ckpt"), "--task", "cloze"])
+        evaluate_lm.main(["--checkpoint", folder, "--task", "cloze"])
 
 
 def test_the_harness_adapter_scores_a_local_task_like_evaluate_lm(memorized, enc, tmp_path, monkeypatch):
@@ -175,7 +160,7 @@ def test_the_harness_adapter_scores_a_local_task_like_evaluate_lm(memorized, enc
         f"    test: {jsonl}\ntest_split: test\noutput_type: multiple_choice\n"
         "doc_to_text: \"{{context}}\"\ndoc_to_choice: \"{{choices}}\"\ndoc_to_target: \"{{label}}\"\n"
         "metric_list:\n  - metric: acc\n  - metric: acc_norm\n")
-    folder = save(memorized, enc, tmp_path / "ckpt")
+    folder = save_checkpoint(memorized, enc, tmp_path / "ckpt")
     harness = evaluate_lm.evaluate_harness(folder, ["growcram_local_mc"], include_path=str(tasks))
     ours = evaluate_lm.main(["--checkpoint", folder, "--task-file", str(jsonl), "--no-progress"])
     m = ours["tasks"]["items"]["metrics"]

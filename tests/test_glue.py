@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import evaluate_glue as eg
+from conftest import random_checkpoint
 
 # -----------------------------------------------------------------------------
 # A fixture glue_data/ in the distributed formats
@@ -110,15 +111,7 @@ def glue_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, glue_dir):
     """A tiny random model and a tokenizer trained on the fixture text, saved as a training run would."""
-    import data
-    import model
-    folder = str(tmp_path_factory.mktemp("ckpt"))
-    texts = [sentence(i) for i in range(400)] * 4
-    enc = data.train_tokenizer(texts, 320)
-    data.save_tokenizer(enc, os.path.join(folder, "tokenizer.json"))
-    cfg = model.make_config("tiny", vocab_size=enc.n_vocab, n_layers=1, d_model=32, n_heads=2, ffn_dim=64)
-    model.save_model(model.build_model(cfg), folder)
-    return folder
+    return random_checkpoint(tmp_path_factory.mktemp("ckpt"), [sentence(i) for i in range(400)] * 4)
 
 # -----------------------------------------------------------------------------
 # Reading the formats
@@ -194,14 +187,14 @@ def test_task_file_detects_regression_and_holds_out_ten_percent(tmp_path):
 # Metrics against hand-computed values
 
 
-def test_binary_metrics_by_hand():
+def test_binary_metrics_match_a_hand_computed_confusion_matrix():
     pred, gold = [1, 1, 0, 0, 1], [1, 0, 0, 1, 1]  # TP 2, FP 1, TN 1, FN 1
     assert eg.accuracy(pred, gold) == pytest.approx(3 / 5)
     assert eg.f1_score(pred, gold) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
     assert eg.matthews_corrcoef(pred, gold) == pytest.approx((2 * 1 - 1 * 1) / math.sqrt(3 * 3 * 2 * 2))
 
 
-def test_multiclass_mcc_by_hand():
+def test_multiclass_mcc_matches_a_hand_computation():
     # c=4 correct of s=6; true counts t=(2,2,2), predicted p=(2,3,1): (4*6 - 12) / sqrt((36-14)(36-12))
     assert eg.matthews_corrcoef([0, 1, 1, 1, 2, 0], [0, 0, 1, 1, 2, 2]) == pytest.approx(12 / math.sqrt(22 * 24))
 
@@ -215,7 +208,7 @@ def test_constant_predictions_score_zero_for_mcc_and_f1_and_are_undefined_for_co
     assert math.isnan(eg.spearman([3, 3, 3], [1, 2, 3]))
 
 
-def test_pearson_and_spearman_with_ties_by_hand():
+def test_pearson_and_spearman_match_hand_computations_with_tied_ranks():
     assert eg.pearson([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
     assert eg.rankdata([5, 1, 5, 3, 5]).tolist() == [4.0, 1.0, 4.0, 2.0, 4.0]  # three-way tie shares ranks 3,4,5
     # ranks x = (1, 2.5, 2.5, 4), y = (1, 2, 3, 4): covariance 4.5, variances 4.5 and 5
@@ -284,7 +277,7 @@ def test_predictions_come_back_in_input_order_despite_length_sorting():
     assert got.tolist() == [3, 7, 1, 4, 4, 9, 2]
 
 
-def test_cosine_schedule_with_linear_warmup():
+def test_fine_tuning_lr_warms_up_linearly_then_decays_by_cosine_to_zero():
     assert [eg.lr_factor(s, 10, 110) for s in (0, 5, 10)] == [0.0, 0.5, 1.0]
     assert eg.lr_factor(60, 10, 110) == pytest.approx(0.5)  # halfway through the cosine
     assert eg.lr_factor(110, 10, 110) == pytest.approx(0.0)
@@ -342,7 +335,7 @@ def test_seeds_report_the_median_and_missing_ax_is_reported(tmp_path, glue_dir, 
     assert "PARTIAL: 3 of 9 numbers" in r["glue_convention"]
 
 
-def test_task_file_end_to_end(tmp_path, checkpoint):
+def test_a_task_file_is_fine_tuned_end_to_end_and_gets_no_glue_score(tmp_path, checkpoint):
     path = str(tmp_path / "sentiment.tsv")
     tsv(path, ["sentence", "label"], [[sentence(i), ["neg", "pos"][i % 2]] for i in range(20)])
     r = eg.evaluate(checkpoint, None, task_file=path, seeds=1, epochs=1, batch_size=4, progress=False,

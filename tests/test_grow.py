@@ -1,25 +1,22 @@
 """Specification of grow.py: python -m pytest -q tests/test_grow.py"""
-import json
-
 import pytest
 import torch
 
+import conftest
 import grow
 import model
 import train
-
-POSITIONS = ["learned", "sinusoidal", "rotary", "alibi", "none"]
+from conftest import POSITIONS, read_log, seeded_model
 
 
 def tiny(**overrides):
-    base = {"vocab_size": 100, "n_layers": 2, "d_model": 32, "n_heads": 4, "ffn_dim": 48, "max_seq_len": 16}
-    return model.make_config("tiny", **{**base, **overrides})
+    """conftest's tiny config with max_seq_len 16 instead of 32, so that these tests can grow it to 32."""
+    return conftest.tiny(**{"max_seq_len": 16, **overrides})
 
 
-def seeded_model(cfg, seed=0):
-    """A model whose norm affines and biases are perturbed away from 1/0, so copies that forget to scale show."""
-    torch.manual_seed(seed)
-    net = model.build_model(cfg).eval()
+def perturbed_model(cfg, seed=0):
+    """seeded_model with norm affines and biases moved away from 1/0, so copies that forget to scale show."""
+    net = seeded_model(cfg, seed)
     with torch.no_grad():
         for name, p in net.named_parameters():
             if "norm" in name or name.endswith("bias"):
@@ -36,7 +33,7 @@ def batch(B=2, T=12, vocab=100, seed=1):
 
 def logit_change(cfg, growth, **options):
     """max |delta logits| between a model and its grown copy on the same padded batch (fp32, eval, CPU)."""
-    net = seeded_model(cfg)
+    net = perturbed_model(cfg)
     grown, _ = grow.grow_model(net, {**cfg, **growth}, **options)
     ids, mask = batch()
     with torch.no_grad():
@@ -190,7 +187,7 @@ def test_compound_growth_of_every_dimension_at_once_preserves_logits():
 
 
 def test_learned_position_rows_are_kept_and_new_rows_copy_old_ones():
-    net = seeded_model(tiny(positions="learned"))
+    net = perturbed_model(tiny(positions="learned"))
     grown, _ = grow.grow_model(net, {**net.config, "max_seq_len": 40})
     old, new = net.pos_emb.weight, grown.pos_emb.weight
     assert torch.equal(new[:16], old) and torch.equal(new[16:32], old) and torch.equal(new[32:], old[:8])
@@ -207,7 +204,7 @@ def test_noise_changes_the_logits_in_proportion_to_its_size():
 
 @pytest.mark.parametrize("method,sources", [("stack", [0, 1, 0, 1, 0]), ("interleave", [0, 0, 0, 1, 1])])
 def test_stacking_copies_layers_bitwise(method, sources):
-    net = seeded_model(tiny())
+    net = perturbed_model(tiny())
     grown, _ = grow.grow_model(net, {**net.config, "n_layers": 5}, method=method)
     old = net.state_dict()
     for name, t in grown.state_dict().items():
@@ -230,25 +227,25 @@ def test_stacking_is_not_function_preserving():
 
 def test_zero_insertion_refuses_post_ln():
     with pytest.raises(ValueError, match="pre-LN"):
-        grow.grow_model(seeded_model(tiny(norm_position="post")), tiny(norm_position="post", n_layers=4),
+        grow.grow_model(perturbed_model(tiny(norm_position="post")), tiny(norm_position="post", n_layers=4),
                         method="zero")
 
 
 def test_hidden_growth_refuses_post_ln():
     with pytest.raises(ValueError, match="norm_position 'pre'"):
-        grow.grow_model(seeded_model(tiny(norm_position="post")),
+        grow.grow_model(perturbed_model(tiny(norm_position="post")),
                         tiny(norm_position="post", d_model=64, n_heads=8), method="zero")
 
 
 def test_growth_refuses_to_change_anything_but_sizes():
     with pytest.raises(ValueError, match="'positions'"):
-        grow.grow_model(seeded_model(tiny()), tiny(positions="rotary", n_layers=4))
+        grow.grow_model(perturbed_model(tiny()), tiny(positions="rotary", n_layers=4))
 
 
 # --- the grown model is an ordinary model -----------------------------------------------
 
 def test_grown_config_is_that_of_a_fresh_model_and_round_trips(tmp_path):
-    net = seeded_model(tiny())
+    net = perturbed_model(tiny())
     new_cfg = tiny(n_layers=3, d_model=64, n_heads=8, ffn_dim=64, max_seq_len=32)
     grown, _ = grow.grow_model(net, new_cfg, method="msg", ramp=2)
     assert grown.config == model.build_model(new_cfg).config
@@ -267,7 +264,7 @@ def test_grown_config_is_that_of_a_fresh_model_and_round_trips(tmp_path):
 # --- new parts learn ------------------------------------------------------------------
 
 def test_zeroed_output_projections_receive_gradients_and_training_lowers_the_loss():
-    net = seeded_model(tiny())
+    net = perturbed_model(tiny())
     grown, mapping = grow.grow_model(net, tiny(n_layers=4), method="zero")
     ids, _ = batch()
     grown.train()(ids, labels=ids)["loss"].backward()
@@ -280,7 +277,7 @@ def test_zeroed_output_projections_receive_gradients_and_training_lowers_the_los
 
 
 def test_msg_gate_opens_during_training_and_gated_blocks_learn():
-    net = seeded_model(tiny())
+    net = perturbed_model(tiny())
     grown, _ = grow.grow_model(net, tiny(n_layers=4), method="msg", ramp=4)
     gates = [b.grow_gate for b in grown.blocks[2:]]
     assert all(g.item() == 0.0 for g in gates) and not hasattr(grown.blocks[0], "grow_gate")
@@ -299,7 +296,7 @@ def test_exact_copies_stay_copies_without_noise_and_diverge_with_it():
     cfg = tiny(positions="rotary")
     spread = {}
     for noise in (0.0, 1e-3):
-        grown, _ = grow.grow_model(seeded_model(cfg), {**cfg, "ffn_dim": 96}, noise=noise)
+        grown, _ = grow.grow_model(perturbed_model(cfg), {**cfg, "ffn_dim": 96}, noise=noise)
         train_steps(grown, adamw(grown), 3)
         up = grown.blocks[0].up.weight                             # gated: rows [gate 0..95; value 0..95]
         spread[noise] = (up[:48] - up[48:96]).abs().max().item()  # a unit and its copy
@@ -310,7 +307,7 @@ def test_exact_copies_stay_copies_without_noise_and_diverge_with_it():
 
 def trained_pair(growth, method="stack", steps=2):
     """A briefly trained tiny model with its AdamW, and its grown copy."""
-    net = seeded_model(tiny(positions="learned"))
+    net = perturbed_model(tiny(positions="learned"))
     optimizer = adamw(net)
     train_steps(net, optimizer, steps)
     grown, mapping = grow.grow_model(net, {**net.config, **growth}, method=method)
@@ -366,7 +363,7 @@ def test_every_parameter_of_the_grown_model_updates(policy, new_moments):
 
 
 def test_apply_stage_returns_a_loggable_event():
-    net = seeded_model(tiny())
+    net = perturbed_model(tiny())
     stages = grow.parse_schedule("0:n_layers=2; 0.5:n_layers=4,ffn_dim=96,method=zero", tiny())
     grown, new_opt, event = grow.apply_stage(net, adamw(net), stages[1], adamw)
     assert event["from"] == "n_layers=2 d_model=32 n_heads=4 ffn_dim=48 max_seq_len=16" and event["to"] == "n_layers=4 d_model=32 n_heads=4 ffn_dim=96 max_seq_len=16"
@@ -377,15 +374,14 @@ def test_apply_stage_returns_a_loggable_event():
 
 # --- end to end through train.py ------------------------------------------------------------
 
-def test_a_schedule_runs_end_to_end_through_train_py(tmp_path):
+def test_a_schedule_runs_end_to_end_through_train_py(sample_cache, tmp_path):
     schedule = "0:n_layers=1,ffn_dim=32,max_seq_len=16; 0.3:n_layers=2,ffn_dim=64,max_seq_len=32,method=zero; 0.6:n_layers=4"
     out = tmp_path / "run"
     summary = train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--seq-len", "32",
                           "--micro-batch", "4", "--batch-tokens", "256", "--eval-batches", "2", "--log-every", "1",
-                          "--cache", str(tmp_path / "cache"), "--out", str(out), "--max-steps", "30", "--lr", "3e-3",
+                          "--cache", sample_cache, "--out", str(out), "--max-steps", "30", "--lr", "3e-3",
                           "--grow", schedule])
-    with open(out / "log.jsonl") as f:
-        records = [json.loads(line) for line in f]
+    records = read_log(out)
     events = [r for r in records if r["kind"] == "grow"]
     assert [(e["from"], e["to"]) for e in events] == [
         ("n_layers=1 d_model=64 n_heads=4 ffn_dim=32 max_seq_len=16", "n_layers=2 d_model=64 n_heads=4 ffn_dim=64 max_seq_len=32"),
@@ -401,14 +397,13 @@ def test_a_schedule_runs_end_to_end_through_train_py(tmp_path):
     assert summary["final_val_loss"] < first_loss
 
 
-def test_train_py_rewarms_the_learning_rate_after_growth(tmp_path):
+def test_train_py_rewarms_the_learning_rate_after_growth(sample_cache, tmp_path):
     out = tmp_path / "run"
     train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--seq-len", "32", "--micro-batch", "4",
-                "--batch-tokens", "128", "--eval-batches", "1", "--log-every", "1", "--cache", str(tmp_path / "cache"),
+                "--batch-tokens", "128", "--eval-batches", "1", "--log-every", "1", "--cache", sample_cache,
                 "--out", str(out), "--max-steps", "20", "--grow", "0:layers=1; 0.5:layers=2", "--grow-rewarm", "0.2",
                 "--lr", "1e-3"])
-    with open(out / "log.jsonl") as f:
-        steps = {r["step"]: r for r in map(json.loads, f) if r["kind"] == "train"}
+    steps = {r["step"]: r for r in read_log(out) if r["kind"] == "train"}
     # growth happens before step 11 (p = 0.5); the rate then climbs linearly back over 0.2 of the budget = 4 steps
     factors = [steps[s]["lr"] / (1e-3 * train.lr_multiplier(steps[s]["progress"])) for s in (10, 11, 12, 13, 15, 16)]
     assert factors == pytest.approx([1.0, 0.0, 0.25, 0.5, 1.0, 1.0])

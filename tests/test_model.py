@@ -8,18 +8,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import model
-
-POSITIONS = ["learned", "sinusoidal", "rotary", "alibi", "none"]
-
-
-def tiny(**overrides):
-    base = {"vocab_size": 100, "n_layers": 2, "d_model": 32, "n_heads": 4, "ffn_dim": 48, "max_seq_len": 32}
-    return model.make_config("tiny", **{**base, **overrides})
-
-
-def seeded_model(cfg, seed=0):
-    torch.manual_seed(seed)
-    return model.build_model(cfg).eval()
+from conftest import POSITIONS, SENTENCE, save_checkpoint, seeded_model, tiny
 
 
 def tokens(B=2, T=12, vocab=100, seed=1):
@@ -304,16 +293,6 @@ def test_sequence_longer_than_the_position_table_is_an_error():
 
 # --- using a trained model: fill_mask, generate and the command line ----------------
 
-SENTENCE = "the cat sat on the mat."
-
-
-@pytest.fixture(scope="module")
-def enc():
-    import data
-    texts = [SENTENCE, "the dog ran in the park.", "a bird sang on the tree.", "we sat in the sun."] * 10
-    return data.train_tokenizer(texts, vocab_size=320)
-
-
 def overfit(cfg, batch, steps=150):
     """A tiny model trained on batch(step) -> dict of forward() arguments until it has memorized SENTENCE."""
     net = seeded_model(cfg).train()
@@ -410,19 +389,12 @@ def test_fill_mask_and_generate_refuse_the_other_objective(enc):
         model.fill_mask(seeded_model(tiny(vocab_size=enc.n_vocab)), enc, "no mask here")
 
 
-def checkpoint(tmp_path, net, enc):
-    import data
-    model.save_model(net, tmp_path / "final")
-    data.save_tokenizer(enc, str(tmp_path / "final" / "tokenizer.json"))
-    return str(tmp_path / "final")
-
-
 def test_command_line_fills_masks_and_continues_prompts(tmp_path, mlm, clm, enc, capsys):
-    model.main([checkpoint(tmp_path / "mlm", mlm, enc), "the [MASK] sat on the [MASK].", "--top-k", "2"])
+    model.main([save_checkpoint(mlm, enc, tmp_path / "mlm"), "the [MASK] sat on the [MASK].", "--top-k", "2"])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("[MASK] 1: ' cat' ") and lines[1].startswith("[MASK] 2: ' mat' ")
     assert lines[0].count(" | ") == 1
-    model.main([checkpoint(tmp_path / "clm", clm, enc), "the cat sat", "--max-new-tokens", "3"])
+    model.main([save_checkpoint(clm, enc, tmp_path / "clm"), "the cat sat", "--max-new-tokens", "3"])
     assert capsys.readouterr().out == " on the mat\n"
 
 
@@ -433,7 +405,7 @@ def test_command_line_errors_are_one_line(tmp_path, mlm, enc):
     with pytest.raises(SystemExit, match="tokenizer.json: missing"):
         model.main([str(tmp_path / "bare"), "a [MASK]"])
     with pytest.raises(SystemExit, match="^error: text 'no mask' has no \\[MASK\\] to fill$"):
-        model.main([checkpoint(tmp_path, mlm, enc), "no mask"])
+        model.main([save_checkpoint(mlm, enc, tmp_path / "final"), "no mask"])
 
 
 def test_a_config_saved_with_the_old_ffn_key_loads_with_activation():

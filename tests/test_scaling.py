@@ -216,7 +216,7 @@ def test_isoflop_skips_budgets_whose_minimum_lies_outside_the_sizes():
     assert len(iso["budgets"]) == 1 and "no minimum inside" in iso["skipped"][0]["why"] and iso["a"] is None
 
 
-def test_saturating_power_law_round_trip_and_frontier():
+def test_the_saturating_power_law_fit_round_trips_and_the_compute_frontier_only_falls():
     C = np.geomspace(1e15, 1e20, 30)
     law = scaling.fit_power_law(C, 1.7 + 50.0 * C ** -0.12)
     assert rel(law["E"], 1.7) < 1e-6 and rel(law["A"], 50.0) < 1e-6 and rel(law["k"], 0.12) < 1e-6
@@ -229,7 +229,7 @@ def test_saturating_power_law_round_trip_and_frontier():
 # -----------------------------------------------------------------------------
 # Accounting and planning (numbers from model.py)
 
-def test_gpu_table_names_and_budget_arithmetic():
+def test_gpu_names_resolve_to_peak_flops_and_budgets_convert_hours_to_tokens():
     assert scaling.peak_flops("A100") == 312e12 and scaling.peak_flops("H100 SXM") == 989e12
     assert scaling.peak_flops("rtx-4090") == 165.2e12 and scaling.peak_flops("150e12") == 150e12
     assert scaling.peak_flops("3090") == 71e12                                    # a name, not 3090 FLOP/s
@@ -339,7 +339,7 @@ def test_reader_names_the_file_and_problem(tmp_path, setup, message):
         scaling.read_points([str(target)])
 
 
-def test_cli_fit_then_plan_from_the_fit(tmp_path, capsys):
+def test_the_cli_fits_runs_then_plans_from_the_saved_fit(tmp_path, capsys):
     runs = []
     for C in (1e17, 1e18, 1e19):           # an isoFLOP sweep whose runs also log intermediate evaluations
         n_opt = scaling.compute_optimal(C, TRUE)["N"]

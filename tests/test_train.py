@@ -1,6 +1,7 @@
 """Specification of train.py: python -m pytest -q tests/test_train.py
 
-Every run uses the bundled Shakespeare sample, a 512-token BPE prepared once per session, and the tiny preset.
+Every run uses the bundled Shakespeare sample with a 512-token BPE, prepared once per session (conftest's
+sample_cache), and the tiny preset.
 """
 import json
 import os
@@ -15,27 +16,14 @@ import torch
 import grow
 import model
 import train
+from conftest import ROOT, read_log
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--seq-len", "32", "--micro-batch", "4",
         "--batch-tokens", "256", "--lr", "1e-3", "--eval-batches", "2", "--log-every", "1"]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """The sample corpus prepared once: tokenizer + shards shared by every run of this file."""
-    folder = str(tmp_path_factory.mktemp("cache"))
-    train.main(TINY + ["--cache", folder, "--max-steps", "1", "--out", os.path.join(folder, "warmup")])
-    return folder
-
-
 def run(cache, out, *flags):
     return train.main(TINY + ["--cache", cache, "--out", str(out), *flags])
-
-
-def read_log(out):
-    with open(os.path.join(out, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def weights(folder):
@@ -108,8 +96,8 @@ def test_flags_given_always_win_over_the_chosen_defaults():
     assert picks == {"vocab_size": 8192, "micro_batch": 32, "lr": 0.003}
 
 
-def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(cache, tmp_path, capsys):
-    train.main(["--data", "sample", "--cache", cache, "--vocab-size", "512", "--max-steps", "3",
+def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(sample_cache, tmp_path, capsys):
+    train.main(["--data", "sample", "--cache", sample_cache, "--vocab-size", "512", "--max-steps", "3",
                 "--eval-batches", "1", "--out", str(tmp_path)])
     assert "defaults: chose model tiny" in capsys.readouterr().out
     with open(tmp_path / "args.json") as f:
@@ -126,8 +114,8 @@ def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
 
 # --- end to end -------------------------------------------------------------------------
 
-def test_end_to_end_run_learns_and_writes_every_output(cache, tmp_path):
-    summary = run(cache, tmp_path, "--max-steps", "60", "--lr", "3e-3")
+def test_end_to_end_run_learns_and_writes_every_output(sample_cache, tmp_path):
+    summary = run(sample_cache, tmp_path, "--max-steps", "60", "--lr", "3e-3")
     evals = [r["val_loss"] for r in read_log(tmp_path) if r["kind"] == "eval"]
     assert read_log(tmp_path)[0] == {"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0,
                                      "progress": 0.0, "val_loss": evals[0]}   # the untrained model, off the clock
@@ -143,54 +131,54 @@ def test_end_to_end_run_learns_and_writes_every_output(cache, tmp_path):
     assert enc.decode(enc.encode_ordinary("To be, or not to be")) == "To be, or not to be"
 
 
-def test_bf16_autocast_and_torch_compile_train_like_fp32(cache, tmp_path):
+def test_bf16_autocast_and_torch_compile_train_like_fp32(sample_cache, tmp_path):
     """The GPU recipe (bf16 autocast, torch.compile) run on the CPU: same data, same seed, same final loss."""
     flags = ("--max-steps", "30", "--lr", "3e-3")
-    fp32 = run(cache, tmp_path / "fp32", *flags, "--dtype", "fp32")
-    bf16 = run(cache, tmp_path / "bf16", *flags, "--dtype", "bf16")
-    compiled = run(cache, tmp_path / "compiled", *flags, "--dtype", "bf16", "--compile")
+    fp32 = run(sample_cache, tmp_path / "fp32", *flags, "--dtype", "fp32")
+    bf16 = run(sample_cache, tmp_path / "bf16", *flags, "--dtype", "bf16")
+    compiled = run(sample_cache, tmp_path / "compiled", *flags, "--dtype", "bf16", "--compile")
     assert (fp32["dtype"], bf16["dtype"], compiled["dtype"]) == ("float32", "bfloat16", "bfloat16")
     assert fp32["final_val_loss"] < 6.0                              # it learned (log 512 = 6.24 at the start)
     assert abs(bf16["final_val_loss"] - fp32["final_val_loss"]) < 0.02
     assert abs(compiled["final_val_loss"] - fp32["final_val_loss"]) < 0.02
 
 
-def test_log_records_lr_and_batch_ramp(cache, tmp_path):
-    run(cache, tmp_path, "--max-steps", "20", "--batch-ramp", "0.5")
+def test_log_records_lr_and_batch_ramp(sample_cache, tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "20", "--batch-ramp", "0.5")
     steps = [r for r in read_log(tmp_path) if r["kind"] == "train"]
     assert [r["step"] for r in steps] == list(range(1, 21))
     assert steps[0]["batch_tokens"] == 128 and steps[-1]["batch_tokens"] == 256
     assert steps[0]["lr"] == pytest.approx(1e-3 * 0.25) and steps[-1]["lr"] == pytest.approx(1e-3 * 4 * (1 - 19 / 20))
 
 
-def test_wall_clock_budget_stops_within_one_step(cache, tmp_path):
-    summary = run(cache, tmp_path, "--minutes", "0.05", "--eval-every", "0.5")   # a 3-second budget
+def test_wall_clock_budget_stops_within_one_step(sample_cache, tmp_path):
+    summary = run(sample_cache, tmp_path, "--minutes", "0.05", "--eval-every", "0.5")   # a 3-second budget
     steps = [r for r in read_log(tmp_path) if r["kind"] == "train"]
     step_time = max(b["elapsed"] - a["elapsed"] for a, b in zip(steps, steps[1:]))
     assert 3.0 <= summary["elapsed_s"] <= 3.0 + step_time + 0.5
     assert steps[-1]["progress"] < 1.0 and summary["status"] == "budget spent"
 
 
-def test_a_budget_shorter_than_one_step_ends_within_a_micro_batch(cache, tmp_path):
+def test_a_budget_shorter_than_one_step_ends_within_a_micro_batch(sample_cache, tmp_path):
     # One step of 2^20 tokens is 8192 micro-batches of 4 x 32 tokens (tens of seconds); the budget is 3 seconds.
-    summary = run(cache, tmp_path, "--minutes", "0.05", "--batch-tokens", str(2 ** 20), "--batch-ramp", "0",
+    summary = run(sample_cache, tmp_path, "--minutes", "0.05", "--batch-tokens", str(2 ** 20), "--batch-ramp", "0",
                   "--eval-every", "1")
     assert summary["steps"] == 1 and 0 < summary["tokens"] < 2 ** 20
     assert 3.0 <= summary["elapsed_s"] <= 3.0 + 0.5
 
 
-def test_a_step_cut_short_is_the_mean_over_the_micro_batches_it_has(cache, tmp_path):
+def test_a_step_cut_short_is_the_mean_over_the_micro_batches_it_has(sample_cache, tmp_path):
     """Unscaled, a step cut after a few of its 8192 micro-batches would carry ~1/1000 of a normal gradient."""
-    run(cache, tmp_path / "one", "--max-steps", "1", "--batch-tokens", "128")
-    run(cache, tmp_path / "cut", "--minutes", "0.03", "--batch-tokens", str(2 ** 20), "--batch-ramp", "0")
+    run(sample_cache, tmp_path / "one", "--max-steps", "1", "--batch-tokens", "128")
+    run(sample_cache, tmp_path / "cut", "--minutes", "0.03", "--batch-tokens", str(2 ** 20), "--batch-ramp", "0")
     one, cut = ([r for r in read_log(tmp_path / name) if r["kind"] == "train"][0] for name in ("one", "cut"))
     assert 128 < cut["batch_tokens"] < 2 ** 20
     assert one["grad_norm"] / 3 < cut["grad_norm"] < one["grad_norm"] * 3
     assert abs(cut["loss"] - one["loss"]) < 0.5
 
 
-def test_sigterm_during_a_long_step_saves_and_exits_within_seconds(cache, tmp_path):
-    proc = spawn(cache, tmp_path, "--max-steps", "5", "--batch-tokens", str(2 ** 22), "--batch-ramp", "0")
+def test_sigterm_during_a_long_step_saves_and_exits_within_seconds(sample_cache, tmp_path):
+    proc = spawn(sample_cache, tmp_path, "--max-steps", "5", "--batch-tokens", str(2 ** 22), "--batch-ramp", "0")
     for line in proc.stdout:  # the loop starts right after the batch line
         if line.startswith("global batch"):
             break
@@ -204,8 +192,9 @@ def test_sigterm_during_a_long_step_saves_and_exits_within_seconds(cache, tmp_pa
     assert state["step"] == 1 and 0 < state["tokens"] < 2 ** 22
 
 
-def test_sequence_length_warm_up_shows_in_the_log_at_equal_tokens_per_step(cache, tmp_path):
-    run(cache, tmp_path, "--max-steps", "10", "--batch-ramp", "0", "--grow", "0:max_seq_len=16; 0.5:max_seq_len=32")
+def test_sequence_length_warm_up_shows_in_the_log_at_equal_tokens_per_step(sample_cache, tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "10", "--batch-ramp", "0",
+        "--grow", "0:max_seq_len=16; 0.5:max_seq_len=32")
     log = read_log(tmp_path)
     grows = [r for r in log if r["kind"] == "grow"]
     assert len(grows) == 1 and grows[0]["step"] == 5
@@ -213,31 +202,31 @@ def test_sequence_length_warm_up_shows_in_the_log_at_equal_tokens_per_step(cache
     assert {r["batch_tokens"] for r in log if r["kind"] == "train"} == {256}   # 4 x 16 tokens x 4 micro-batches, then 4 x 32 x 2
 
 
-def test_token_budget_counts_all_tokens(cache, tmp_path):
-    summary = run(cache, tmp_path, "--max-tokens", "2560", "--batch-ramp", "0")
+def test_token_budget_counts_all_tokens(sample_cache, tmp_path):
+    summary = run(sample_cache, tmp_path, "--max-tokens", "2560", "--batch-ramp", "0")
     assert summary["tokens"] == 2560 and summary["steps"] == 10
 
 
 # --- fault tolerance --------------------------------------------------------------------
 
-def test_run_killed_and_resumed_ends_with_the_same_weights(cache, tmp_path):
+def test_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_path):
     flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50"]
-    run(cache, tmp_path / "straight", *flags)
-    proc = spawn(cache, tmp_path / "killed", *flags)
+    run(sample_cache, tmp_path / "straight", *flags)
+    proc = spawn(sample_cache, tmp_path / "killed", *flags)
     ckpt = tmp_path / "killed" / "checkpoint.pt"
     while not ckpt.exists() and proc.poll() is None:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
     assert not (tmp_path / "killed" / "summary.json").exists()
-    summary = run(cache, tmp_path / "killed", "--resume", "--max-steps", "300")
+    summary = run(sample_cache, tmp_path / "killed", "--resume", "--max-steps", "300")
     assert summary["steps"] == 300
     a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(cache, tmp_path):
-    proc = spawn(cache, tmp_path, "--max-steps", "100000", "--eval-every", "1")
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(sample_cache, tmp_path):
+    proc = spawn(sample_cache, tmp_path, "--max-steps", "100000", "--eval-every", "1")
     log = tmp_path / "log.jsonl"   # its first line is the untrained evaluation: wait for a training step
     while not (log.exists() and '"train"' in log.read_text()) and proc.poll() is None:
         time.sleep(0.02)
@@ -259,17 +248,18 @@ def make_losses_non_finite(monkeypatch, attempts):
     monkeypatch.setattr(train, "forward_backward", faulty)
 
 
-def test_non_finite_losses_are_skipped_and_logged(cache, tmp_path, monkeypatch):
+def test_non_finite_losses_are_skipped_and_logged(sample_cache, tmp_path, monkeypatch):
     make_losses_non_finite(monkeypatch, {4})
-    summary = run(cache, tmp_path, "--max-steps", "10")
+    summary = run(sample_cache, tmp_path, "--max-steps", "10")
     skips = [r for r in read_log(tmp_path) if r["kind"] == "skip"]
     assert len(skips) == 1 and summary["skipped_steps"] == 1 and summary["steps"] == 10
 
 
-def test_repeated_non_finite_losses_stop_and_restore_the_last_good_checkpoint(cache, tmp_path, capsys, monkeypatch):
+def test_repeated_non_finite_losses_stop_and_restore_the_last_good_checkpoint(sample_cache, tmp_path, capsys,
+                                                                              monkeypatch):
     make_losses_non_finite(monkeypatch, {5, 6, 7})
     with pytest.raises(SystemExit) as stop:
-        run(cache, tmp_path, "--max-steps", "20", "--checkpoint-steps", "3", "--max-bad-steps", "3")
+        run(sample_cache, tmp_path, "--max-steps", "20", "--checkpoint-steps", "3", "--max-bad-steps", "3")
     assert stop.value.code == 1
     assert "3 non-finite losses in a row" in capsys.readouterr().out
     good = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
@@ -280,10 +270,10 @@ def test_repeated_non_finite_losses_stop_and_restore_the_last_good_checkpoint(ca
 
 # --- distributed ------------------------------------------------------------------------
 
-def test_two_process_ddp_equals_one_process_with_the_same_global_batch(cache, tmp_path):
+def test_two_process_ddp_equals_one_process_with_the_same_global_batch(sample_cache, tmp_path):
     flags = ["--max-steps", "5", "--batch-ramp", "0", "--batch-tokens", "256", "--eval-every", "1"]
-    run(cache, tmp_path / "single", *flags, "--micro-batch", "8")
-    proc = spawn(cache, tmp_path / "ddp", *flags, "--micro-batch", "4",
+    run(sample_cache, tmp_path / "single", *flags, "--micro-batch", "8")
+    proc = spawn(sample_cache, tmp_path / "ddp", *flags, "--micro-batch", "4",
                  launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output[-2000:]
@@ -315,26 +305,26 @@ def test_missing_data_path_is_a_one_line_error(tmp_path):
         train.main(["--data", str(tmp_path / "nowhere"), "--max-steps", "1", "--out", str(tmp_path / "out")])
 
 
-def test_existing_run_is_not_overwritten_without_resume(cache, tmp_path):
-    run(cache, tmp_path, "--max-steps", "2")
+def test_existing_run_is_not_overwritten_without_resume(sample_cache, tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "2")
     with pytest.raises(SystemExit, match="checkpoint.pt exists: pass --resume to continue it, --force to replace"):
-        run(cache, tmp_path, "--max-steps", "2")
+        run(sample_cache, tmp_path, "--max-steps", "2")
 
 
-def test_a_finished_run_without_its_checkpoint_is_still_not_replaced_silently(cache, tmp_path):
-    run(cache, tmp_path, "--max-steps", "2")
+def test_a_finished_run_without_its_checkpoint_is_still_not_replaced_silently(sample_cache, tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "2")
     os.remove(tmp_path / "checkpoint.pt")
     with pytest.raises(SystemExit, match=r"log.jsonl exists: it is from an earlier run, --force to replace it"):
-        run(cache, tmp_path, "--max-steps", "3")
+        run(sample_cache, tmp_path, "--max-steps", "3")
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2       # untouched
-    assert run(cache, tmp_path, "--max-steps", "3", "--force")["steps"] == 3
+    assert run(sample_cache, tmp_path, "--max-steps", "3", "--force")["steps"] == 3
     assert [r["step"] for r in read_log(tmp_path) if r["kind"] == "train"] == [1, 2, 3]   # only the new run
 
 
-def test_resume_after_a_kill_logs_every_step_once(cache, tmp_path):
+def test_resume_after_a_kill_logs_every_step_once(sample_cache, tmp_path):
     flags = ["--max-steps", "300", "--checkpoint-steps", "100"]
-    run(cache, tmp_path / "straight", *flags)
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY, "--cache", cache, "--out",
+    run(sample_cache, tmp_path / "straight", *flags)
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY, "--cache", sample_cache, "--out",
                              str(tmp_path / "killed"), *flags], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # not a pipe: nobody reads it while we wait
     log = tmp_path / "killed" / "log.jsonl"
@@ -342,24 +332,24 @@ def test_resume_after_a_kill_logs_every_step_once(cache, tmp_path):
         time.sleep(0.005)                  # steps past the checkpoint at 100 are in the log
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
-    run(cache, tmp_path / "killed", "--resume")
+    run(sample_cache, tmp_path / "killed", "--resume")
     steps = lambda name: [(r["kind"], r["step"]) for r in read_log(tmp_path / name)]  # noqa: E731
     assert steps("killed") == steps("straight")
 
 
-def test_resume_with_a_larger_budget_extends_a_finished_run(cache, tmp_path, capsys):
-    run(cache, tmp_path, "--max-steps", "4")
-    summary = run(cache, tmp_path, "--resume", "--max-steps", "6")
+def test_resume_with_a_larger_budget_extends_a_finished_run(sample_cache, tmp_path, capsys):
+    run(sample_cache, tmp_path, "--max-steps", "4")
+    summary = run(sample_cache, tmp_path, "--resume", "--max-steps", "6")
     assert summary["steps"] == 6
     assert "resume: budget max_steps 4 -> max_steps 6; progress is now 66.7%" in capsys.readouterr().out
     assert json.loads((tmp_path / "args.json").read_text())["max_steps"] == 6     # a later resume keeps it
     assert [r["step"] for r in read_log(tmp_path) if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
 
 
-def test_resuming_a_finished_run_without_a_larger_budget_says_so(cache, tmp_path):
-    run(cache, tmp_path, "--max-steps", "3")
+def test_resuming_a_finished_run_without_a_larger_budget_says_so(sample_cache, tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "3")
     with pytest.raises(SystemExit, match=r"checkpoint.pt has spent its budget \(0 steps left\); give a larger one"):
-        run(cache, tmp_path, "--resume")
+        run(sample_cache, tmp_path, "--resume")
 
 
 def test_sigterm_during_data_preparation_exits_cleanly_and_leaves_nothing(tmp_path):
@@ -377,11 +367,11 @@ def test_sigterm_during_data_preparation_exits_cleanly_and_leaves_nothing(tmp_pa
 
 
 @pytest.mark.parametrize("when", ["fractions", "auto"])
-def test_run_killed_after_a_growth_stage_resumes_to_the_same_weights(cache, tmp_path, when):
+def test_run_killed_after_a_growth_stage_resumes_to_the_same_weights(sample_cache, tmp_path, when):
     flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50", "--eval-every", "0.25",
              "--grow", "0:layers=1,ffn=64; 0.5:layers=2,ffn=128", "--grow-when", when]
-    run(cache, tmp_path / "straight", *flags)
-    proc = spawn(cache, tmp_path / "killed", *flags)
+    run(sample_cache, tmp_path / "straight", *flags)
+    proc = spawn(sample_cache, tmp_path / "killed", *flags)
     log, ckpt = tmp_path / "killed" / "log.jsonl", tmp_path / "killed" / "checkpoint.pt"
     while proc.poll() is None and not (log.exists() and '"kind": "grow"' in log.read_text()):
         time.sleep(0.01)
@@ -391,14 +381,14 @@ def test_run_killed_after_a_growth_stage_resumes_to_the_same_weights(cache, tmp_
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
     assert torch.load(ckpt, weights_only=False)["config"]["n_layers"] == 2
-    summary = run(cache, tmp_path / "killed", "--resume")
+    summary = run(sample_cache, tmp_path / "killed", "--resume")
     assert summary["steps"] == 300
     a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_grow_auto_grows_when_the_held_out_loss_flattens_and_logs_why(cache, tmp_path):
-    run(cache, tmp_path, "--max-steps", "100", "--grow", "auto", "--grow-check-every", "0.05", "--grow-slope",
+def test_grow_auto_grows_when_the_held_out_loss_flattens_and_logs_why(sample_cache, tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "100", "--grow", "auto", "--grow-check-every", "0.05", "--grow-slope",
         "-0.5")                                            # a steep threshold: any slowing-down counts as flat
     log = read_log(tmp_path)
     grows = [r for r in log if r["kind"] == "grow"]
@@ -409,16 +399,16 @@ def test_grow_auto_grows_when_the_held_out_loss_flattens_and_logs_why(cache, tmp
     assert json.loads((tmp_path / "args.json").read_text())["grow_when"] == "auto"
 
 
-def test_grow_auto_with_a_flat_threshold_waits_for_the_deadlines(cache, tmp_path):
-    run(cache, tmp_path, "--max-steps", "100", "--grow", "auto", "--grow-check-every", "0.05", "--grow-slope",
+def test_grow_auto_with_a_flat_threshold_waits_for_the_deadlines(sample_cache, tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "100", "--grow", "auto", "--grow-check-every", "0.05", "--grow-slope",
         "10")                                              # no curve is ever that flat
     grows = [r for r in read_log(tmp_path) if r["kind"] == "grow"]
     assert [g["reason"] for g in grows] == ["deadline", "deadline"]
     assert [round(g["progress"], 2) for g in grows] == [0.3, 0.6]
 
 
-def test_embedding_norm_can_be_switched_off(cache, tmp_path):
-    run(cache, tmp_path, "--max-steps", "1", "--embedding-norm", "off")
+def test_embedding_norm_can_be_switched_off(sample_cache, tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "1", "--embedding-norm", "off")
     assert json.loads((tmp_path / "final" / "config.json").read_text())["embedding_norm"] is False
 
 

@@ -49,6 +49,8 @@ import tiktoken
 import torch
 from tqdm import tqdm
 
+from model import VOCAB_MULTIPLE, atomic_write, round_up  # one definition each, in the module everything imports
+
 SAMPLE_CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpora", "shakespeare.jsonl.gz")
 FINEWEB_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
 FINEWEB_TOKENS_PER_SHARD = 55e6  # ~250 M characters per shard at ~4.5 characters per token (32K BPE)
@@ -69,22 +71,6 @@ SHARD_HEADER = struct.Struct("<8sIIQ8x")  # magic, version, bytes per token (2 o
 SHARD_TOKENS = 1 << 27         # tokens per shard file before a new one starts (256 MB as uint16)
 PREPARE_VERSION = 1            # bump when prepare_data's output changes, so old caches are not reused
 BLOCK_TOKENS = 8192            # shuffle granularity of the training stream
-
-
-def round_up(n, multiple):
-    return -(-n // multiple) * multiple
-
-
-def atomic_write(path, write):
-    """Call write(file) on path + '.tmp', then os.replace it into place: readers never see a partial file."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -253,7 +239,7 @@ def _with_specials(name, pattern, ranks, base_specials=None):
     of 64 (tensor-core friendly embedding and output matrices)."""
     base_specials = dict(base_specials or {})
     first = max([len(ranks) - 1, *base_specials.values()]) + 1
-    n_vocab = round_up(first + len(SPECIAL_TOKENS) + MIN_RESERVED, 64)
+    n_vocab = round_up(first + len(SPECIAL_TOKENS) + MIN_RESERVED, VOCAB_MULTIPLE)
     names = SPECIAL_TOKENS + [f"[RESERVED_{i}]" for i in range(n_vocab - first - len(SPECIAL_TOKENS))]
     specials = {**base_specials, **{s: first + i for i, s in enumerate(names)}}
     return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
@@ -269,7 +255,7 @@ def train_tokenizer(texts, vocab_size=32768, pattern=SPLIT_PATTERN):
     if vocab_size < 256 + n_special:
         raise ValueError(f"vocab_size {vocab_size} is too small: 256 byte tokens + {n_special} specials at least")
     bpe = rustbpe.Tokenizer()
-    bpe.train_from_iterator(iter(texts), round_up(vocab_size, 64) - n_special, pattern=pattern)
+    bpe.train_from_iterator(iter(texts), round_up(vocab_size, VOCAB_MULTIPLE) - n_special, pattern=pattern)
     ranks = {bytes(b): rank for b, rank in bpe.get_mergeable_ranks()}  # rank == token id == merge priority
     return _with_specials("growcram", bpe.get_pattern(), ranks)
 
@@ -559,7 +545,7 @@ def _prepare_into(tmp, files, data, settings, tokenizer, workers, progress):
     if tokenizer == "train":
         enc = train_tokenizer(_training_texts(files, settings["clean"], settings["tokenizer_chars"]),
                               settings["vocab_size"])
-        if enc.n_vocab < round_up(settings["vocab_size"], 64):
+        if enc.n_vocab < round_up(settings["vocab_size"], VOCAB_MULTIPLE):
             print(f"note: the tokenizer learned {enc.n_vocab} tokens, fewer than the {settings['vocab_size']} asked "
                   f"for: {settings['tokenizer_chars']:,} characters of this corpus hold no more merges (raise "
                   "--tokenizer-chars, or give a bigger corpus)", file=sys.stderr)

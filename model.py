@@ -136,10 +136,13 @@ def up_width(cfg):
     return 2 * cfg["ffn_dim"] if cfg["activation"] in GATED else cfg["ffn_dim"]
 
 
+def round_up(n, multiple):
+    return -(-n // multiple) * multiple  # -(-a // b) is ceil(a / b) in integer arithmetic
+
+
 def padded_vocab_size(cfg):
     """Vocabulary rounded up to a multiple of 64, so the embedding and output matmuls align with GPU tiles."""
-    # -(-a // b) is ceil(a / b) in integer arithmetic.
-    return -(-cfg["vocab_size"] // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    return round_up(cfg["vocab_size"], VOCAB_MULTIPLE)
 
 
 # -----------------------------------------------------------------------------
@@ -501,13 +504,14 @@ def unwrap(model):
     return getattr(model, "_orig_mod", model)        # torch.compile keeps it in ._orig_mod
 
 
-def _atomic_write(path, write):
-    """Write through a temporary file in the same folder, then rename: a crash never leaves half a file."""
+def atomic_write(path, write):
+    """Call write(f) on a binary file beside path, then rename it into place: a crash never leaves half a file.
+    The one helper for every file the project writes (data.py, train.py and the benches use it too)."""
     # Same folder, so os.replace is a rename within one file system, which is atomic.
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=os.path.basename(path) + ".", suffix=".tmp")
-    os.close(fd)
     try:
-        write(tmp)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -520,12 +524,8 @@ def save_model(model, folder):
     os.makedirs(folder, exist_ok=True)
     # Tensors on the CPU, so the file loads on a machine without the GPU it was trained on.
     state = {name: t.detach().cpu() for name, t in model.state_dict().items()}
-    _atomic_write(os.path.join(folder, "model.pt"), lambda p: torch.save(state, p))
-
-    def write_config(p):
-        with open(p, "w") as f:
-            json.dump(model.config, f, indent=2)
-    _atomic_write(os.path.join(folder, "config.json"), write_config)
+    atomic_write(os.path.join(folder, "model.pt"), lambda f: torch.save(state, f))
+    atomic_write(os.path.join(folder, "config.json"), lambda f: f.write(json.dumps(model.config, indent=2).encode()))
 
 
 def load_model(folder, device="cpu"):

@@ -617,7 +617,8 @@ def read_points(paths):
 
 
 def save_json(obj, path):
-    """Write JSON atomically (temporary file in the same folder, then os.replace)."""
+    """Write JSON atomically (temporary file in the same folder, then os.replace). model.atomic_write does the same
+    for every other file; scaling.py keeps its own five lines because fits and plans must not import torch."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")

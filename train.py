@@ -3,6 +3,7 @@
     python train.py --hours 24                                   # FineWeb-Edu, crammed-BERT base, one GPU
     python train.py --data sample --model tiny --minutes 2       # offline, on the bundled Shakespeare
     torchrun --nproc_per_node=8 train.py --hours 3               # data parallel on 8 GPUs (DDP)
+    torchrun --nproc_per_node=8 train.py --hours 3 --shard fsdp  # parameters, gradients, AdamW sharded (FSDP2)
     python train.py --resume --out runs/bert                     # continue a stopped run, same budget
 
 Everything that changes during the run is a function of progress p = elapsed / budget in [0, 1] (Geiping &
@@ -13,10 +14,12 @@ deterministic clock, which is what the tests use. The wall clock counts everythi
 model construction, torch.compile, evaluation and checkpoints (cramming counts compilation too).
 
 Output in --out: log.jsonl (one line per logged step, evaluation and growth event), checkpoint.pt (everything
-needed to resume: weights, optimizer, progress, RNG and loader state), final/ (model.py's checkpoint folder with
-tokenizer.json and the data's meta.json beside it), summary.json (also printed).
+needed to resume: weights, optimizer, progress, RNG and loader state; with --shard fsdp the folder
+checkpoint.dcp/ instead, one file of shards per rank, resumable on any number of ranks), final/ (model.py's
+checkpoint folder with tokenizer.json and the data's meta.json beside it), summary.json (also printed).
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -28,6 +31,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.utils.checkpoint
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -120,6 +130,12 @@ def parse_args(argv=None):
     g.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
                    help="autocast dtype: auto = bf16 on a CUDA GPU that supports it, fp32 elsewhere")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (compile time counts)")
+    g.add_argument("--shard", choices=["ddp", "fsdp"], default="ddp",
+                   help="ddp: every rank holds all parameters, gradients and AdamW moments; fsdp: each holds "
+                   "1/world of them (FSDP2), checkpoints go to OUT/checkpoint.dcp/ (docs/train.md: sharding)")
+    g.add_argument("--checkpoint-activations", action="store_true",
+                   help="keep only each block's input for the backward pass and recompute the rest: less "
+                   "activation memory for ~1/3 more compute (one extra forward)")
     g.add_argument("--seed", type=int, default=0, help="seed for initialization and the batch stream")
     g = p.add_argument_group("output, evaluation and checkpoints")
     g.add_argument("--out", default="runs/cram", help="output folder")
@@ -195,6 +211,12 @@ def check_args(parser, args):
     need(math.isfinite(args.grow_slope), "--grow-slope", "a finite number")
     if args.grow == "auto":  # shorthand: compound's stages, grown when the loss says so
         args.grow, args.grow_when = "compound", "auto"
+    if args.shard == "fsdp" and args.grow:
+        parser.error("--grow needs --shard ddp: the grow operators read and write full weight tensors, and "
+                     "unshard-grow-reshard is not implemented")
+    if args.shard == "fsdp" and args.positions == "sinusoidal":
+        parser.error("--positions sinusoidal needs --shard ddp: its learned scale is a scalar parameter, which "
+                     "fully_shard cannot shard")
     need(args.eval_batches >= 1, "--eval-batches", ">= 1")
     need(args.log_every >= 1, "--log-every", ">= 1")
     need(args.checkpoint_minutes > 0, "--checkpoint-minutes", "> 0")
@@ -320,11 +342,14 @@ def accumulation_steps(p, target, ramp=0.6):
 # Devices, distributed setup, optimizer
 
 
-def setup_device(choice):
+def setup_device(choice, shard="ddp"):
     """(device, rank, world_size). Under torchrun (RANK/WORLD_SIZE set) this also joins the process group:
-    NCCL on GPUs, gloo on CPUs; multi-node works through torchrun's MASTER_ADDR/MASTER_PORT."""
+    NCCL on GPUs, gloo on CPUs; multi-node works through torchrun's MASTER_ADDR/MASTER_PORT. FSDP needs a
+    process group even in one process: a group of one rank, over an in-memory store."""
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if shard == "fsdp" and choice == "mps":
+        raise SystemExit("error: --shard fsdp runs on CUDA GPUs (NCCL) or CPUs (gloo), not on mps; use --device cpu")
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = torch.device(choice)
     if choice == "cuda":
@@ -332,8 +357,11 @@ def setup_device(choice):
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    backend = "nccl" if choice == "cuda" else "gloo"
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if choice == "cuda" else "gloo")
+        dist.init_process_group(backend=backend)
+    elif shard == "fsdp" and not dist.is_initialized():
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     return device, rank, world
 
 
@@ -354,12 +382,56 @@ def make_optimizer(net, args, device):
 
 
 def wrap(net, args, device, world):
-    """torch.compile and/or DDP around the plain model; unwrap with model.unwrap."""
+    """Activation checkpointing and FSDP (both in place), then torch.compile and DDP around the plain model;
+    model.unwrap finds the plain model again (under FSDP that is the module itself)."""
+    if args.checkpoint_activations:
+        checkpoint_activations(net)
+    if args.shard == "fsdp":
+        shard_fsdp(net, device, world, autocast_dtype(args.dtype, device))
     if args.compile:
         net = torch.compile(net, dynamic=False)
-    if world > 1:
+    if world > 1 and args.shard == "ddp":
         net = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
     return net
+
+
+def shard_fsdp(net, device, world, dtype):
+    """FSDP2 (torch.distributed.fsdp.fully_shard; PyTorch's FSDP2 tutorial): every rank keeps 1/world of each
+    parameter (a slice along dim 0), and so 1/world of its gradient and AdamW moments; the optimizer must be
+    built after this. Each block is one unit, all-gathered just before its forward and its backward and freed
+    after; the root unit holds the rest (embedding, norms). All ranks built the same weights from the same
+    seed, so each simply keeps its slice. On a GPU with bf16 the all-gathered copies are bf16 and gradients
+    are reduced in fp32 (MixedPrecisionPolicy); the sharded weights and AdamW stay fp32. CPU: fp32 throughout."""
+    mesh = init_device_mesh(device.type, (world,))
+    bf16 = device.type == "cuda" and dtype == torch.bfloat16
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
+                                  reduce_dtype=torch.float32 if bf16 else None)
+    for block in net.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(net, mesh=mesh, mp_policy=policy)
+    return net
+
+
+def checkpoint_activations(net):
+    """--checkpoint-activations: each block saves only its input for the backward pass and recomputes its
+    activations there (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"). Each block's forward
+    becomes torch.utils.checkpoint.checkpoint(forward, use_reentrant=False): the module and its parameter
+    names stay the same for checkpoints and growth, FSDP's hooks stay outside the recomputed region (as with
+    torchtitan's wrapper), and torch.compile traces it (PyTorch's composable checkpoint, run from hooks, does not)."""
+    for block in net.blocks:
+        block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+    return net
+
+
+def memory_per_rank(cfg, world, shard):
+    """Bytes of training state on each rank, in fp32: parameters 4 per parameter, gradients 4, AdamW's two
+    moments 8. DDP replicates all of it on every rank; FSDP shards it (ZeRO stage 3, Rajbhandari et al. 2020),
+    so each rank holds 1/world, plus padding of at most one dim-0 row per tensor. Activations come on top, and
+    so do FSDP's all-gathered copy of the block being computed and, between the micro-batches of one step, its
+    unsharded gradients (the reduce-scatter runs on the last micro-batch only)."""
+    n, share = model.count_params(cfg), world if shard == "fsdp" else 1
+    per_rank = {name: -(-n * size // share) for name, size in (("params", 4), ("grads", 4), ("adam", 8))}
+    return {**per_rank, "total": sum(per_rank.values())}
 
 
 def gpu_peak_flops(device):
@@ -374,15 +446,44 @@ def gpu_peak_flops(device):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: one file, written atomically, holding everything a bitwise-exact resume needs
+# Checkpoints: everything a bitwise-exact resume needs, written atomically. DDP and one process: one file from
+# rank 0. FSDP: a folder of shards that every rank writes, with the run state beside them.
+
+
+def run_state(net, loader, state):
+    """What a checkpoint holds besides weights and optimizer: the config, the loader's position, the RunState
+    and the RNG (rank 0's; every rank restores it)."""
+    return {"config": model.unwrap(net).config, "loader": loader.state_dict(), "state": state,
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
 
 
 def save_checkpoint(path, net, optimizer, loader, state):
-    ckpt = {"model": model.unwrap(net).state_dict(), "config": model.unwrap(net).config,
-            "optimizer": optimizer.state_dict(), "loader": loader.state_dict(), "state": state,
-            "rng": {"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+    ckpt = {"model": model.unwrap(net).state_dict(), "optimizer": optimizer.state_dict(),
+            **run_state(net, loader, state)}
     data.atomic_write(path, lambda f: torch.save(ckpt, f))
+
+
+def save_checkpoint_dcp(folder, net, optimizer, loader, state, rank):
+    """FSDP: every rank writes its own shards of the weights and AdamW moments with Distributed Checkpoint
+    (torch.distributed.checkpoint.save, one file per rank), and rank 0 writes run.pt (run_state) beside them.
+    All of it goes to FOLDER.tmp/, which rank 0 renames to FOLDER/ once every rank is done: FOLDER is always a
+    whole checkpoint. Collective: every rank calls it."""
+    tmp, old = folder + ".tmp", folder + ".old"
+    weights, moments = get_state_dict(model.unwrap(net), optimizer)  # DTensors: this rank's shards, by name
+    if rank == 0 and os.path.exists(tmp):
+        shutil.rmtree(tmp)                  # a save cut short by a kill
+    dist.barrier()
+    dcp.save({"model": weights, "optimizer": moments}, checkpoint_id=tmp)
+    if rank == 0:
+        torch.save(run_state(net, loader, state), os.path.join(tmp, "run.pt"))
+    dist.barrier()                          # every rank's shards are on disk
+    if rank == 0:
+        if os.path.exists(folder):
+            os.replace(folder, old)         # a directory cannot be renamed over a full one: move it aside first
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()                          # no rank reads or writes checkpoints before the rename
 
 
 def load_checkpoint(path):
@@ -394,9 +495,53 @@ def load_checkpoint(path):
         raise SystemExit(f"error: {path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
 
 
-def save_final(out, net, meta):
-    """out/final: model.py's folder (config.json, model.pt) plus tokenizer.json and the data's meta.json."""
-    folder = os.path.join(out, "final")
+def load_checkpoint_dcp(folder):
+    """FSDP: the run state of FOLDER (run.pt) and, as "folder", where load_shards finds weights and moments."""
+    if not os.path.isdir(folder) and os.path.isdir(folder + ".old"):  # killed between save's two renames
+        folder += ".old"
+    if not os.path.isdir(folder):
+        raise SystemExit(f"error: {folder}: no checkpoint to resume from")
+    return {**load_checkpoint(os.path.join(folder, "run.pt")), "folder": folder}
+
+
+def load_shards(folder, net, optimizer):
+    """FSDP: weights and AdamW moments from a checkpoint folder into the sharded model and its optimizer.
+    Distributed Checkpoint reads the part of every tensor this rank holds now, whatever the number of ranks that
+    wrote it: that is the resharding (torch.distributed.checkpoint.load). Collective: every rank calls it."""
+    weights, moments = get_state_dict(model.unwrap(net), optimizer)  # the shapes and slices to fill
+    wanted = {"model": weights, "optimizer": moments}
+    dcp.load(wanted, checkpoint_id=folder)
+    set_state_dict(model.unwrap(net), optimizer, model_state_dict=wanted["model"], optim_state_dict=wanted["optimizer"])
+
+
+def checkpoint_path(args):
+    """OUT/checkpoint.pt, or the folder OUT/checkpoint.dcp/ under --shard fsdp."""
+    return os.path.join(args.out, "checkpoint.dcp" if args.shard == "fsdp" else "checkpoint.pt")
+
+
+def read_checkpoint(args):
+    path = checkpoint_path(args)
+    return load_checkpoint_dcp(path) if args.shard == "fsdp" else load_checkpoint(path)
+
+
+def gathered_model(net, rank):
+    """FSDP: the full weights, all-gathered into a plain model on rank 0's CPU (None on other ranks).
+    Collective: every rank calls it."""
+    full = get_model_state_dict(model.unwrap(net), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank != 0:
+        return None
+    plain = model.build_model(model.unwrap(net).config)
+    plain.load_state_dict(full)
+    return plain
+
+
+def save_final(run, net):
+    """OUT/final: model.py's folder (config.json, model.pt) plus tokenizer.json and the data's meta.json,
+    written by rank 0. Under FSDP every rank calls it, for the gather of the full weights."""
+    folder, meta = os.path.join(run.args.out, "final"), run.meta
+    net = gathered_model(net, run.rank) if run.sharded else net
+    if run.rank != 0:
+        return folder
     model.save_model(net, folder)
     for name, src in (("tokenizer.json", meta["tokenizer"]), ("meta.json", os.path.join(meta["dir"], "meta.json"))):
         with open(src, "rb") as f:
@@ -520,15 +665,16 @@ def growth_stages(args, cfg):
         raise SystemExit(f"error: --grow: {e}") from None
 
 
-RUN_FILES = ("checkpoint.pt", "log.jsonl", "summary.json", "final", "loss.png", "args.json")
+KEPT_FILES = ("checkpoint.pt", "checkpoint.dcp", "log.jsonl", "summary.json", "final")  # never replaced silently
+RUN_FILES = (*KEPT_FILES, "loss.png", "args.json", "checkpoint.dcp.tmp", "checkpoint.dcp.old")
 
 
 def check_out_is_free(out, force, remove=True):
     """A finished or interrupted run in `out` is never replaced silently: refuse, or with --force remove it
     (remove=False: only check; every rank checks, rank 0 removes)."""
-    found = [name for name in RUN_FILES[:4] if os.path.exists(os.path.join(out, name))]
+    found = [name for name in KEPT_FILES if os.path.exists(os.path.join(out, name))]
     if found and not force:
-        what = "pass --resume to continue it" if found[0] == "checkpoint.pt" else "it is from an earlier run"
+        what = "pass --resume to continue it" if found[0].startswith("checkpoint") else "it is from an earlier run"
         raise SystemExit(f"error: {os.path.join(out, found[0])} exists: {what}, --force to replace it, or choose "
                          "another --out")
     for name in RUN_FILES if force and remove else ():
@@ -633,7 +779,7 @@ class Run:
     stages: list                  # grow.parse_schedule's stages ([] without growth)
     budget: Budget
     log_path: str
-    ckpt_path: str
+    ckpt_path: str                # checkpoint.pt, or the folder checkpoint.dcp/ under FSDP
     peak: float                   # this GPU's peak FLOP/s, or None (no MFU)
     held_out: dict = field(default_factory=dict)  # {sequence length: the evaluation's batches}
 
@@ -644,6 +790,24 @@ class Run:
     def log(self, record):
         if self.rank == 0:
             append_log(self.log_path, record)
+
+    @property
+    def sharded(self):
+        """FSDP: every forward pass and every save is collective (all ranks take part), not just rank 0's."""
+        return self.args.shard == "fsdp"
+
+    def samples(self, net):
+        """show_samples' line on rank 0, '' on the others. Under FSDP every rank runs the forward passes, with
+        the root's tensors all-gathered for the whole call (generate calls encode and logits, not forward)."""
+        if not self.sharded:
+            return show_samples(model.unwrap(net), self.enc, self.args) if self.rank == 0 else ""
+        plain = model.unwrap(net)
+        plain.unshard()
+        try:
+            text = show_samples(plain, self.enc, self.args)
+        finally:
+            plain.reshard()
+        return text if self.rank == 0 else ""
 
 
 @torch.no_grad()
@@ -687,7 +851,7 @@ def resolve_settings(args, device, rank, world):
     vars(args).update(chosen)  # resolved before args.json is written, so --resume reuses the same choice
     if why and rank == 0:
         print(f"defaults: {why} (flags given on the command line always win)")
-    ckpt = load_checkpoint(os.path.join(args.out, "checkpoint.pt")) if args.resume else None
+    ckpt = read_checkpoint(args) if args.resume else None
     stages = growth_stages(args, model_config(args, args.vocab_size))  # a bad schedule fails before any work
     for T in {args.max_seq_len, *(s["config"]["max_seq_len"] for s in stages)} if args.objective == "mlm" else ():
         if not 1 <= round(args.mask_rate * T) <= T - 2:
@@ -705,7 +869,7 @@ def start_run(args, ckpt, device, rank, world):
     stages = growth_stages(args, cfg)
     run = Run(args, device, autocast_dtype(args.dtype, device), rank, world, meta,
               data.load_tokenizer(meta["tokenizer"]), stages, None, os.path.join(args.out, "log.jsonl"),
-              os.path.join(args.out, "checkpoint.pt"), gpu_peak_flops(device))
+              checkpoint_path(args), gpu_peak_flops(device))
     if stages and any(stages[-1]["config"][k] != cfg[k] for k in grow.GROWN_KEYS):
         run.say(f"--grow: the schedule ends at {grow.describe(stages[-1]['config'])}, not the model's "
                 f"{grow.describe(cfg)}; the run trains toward the schedule's last stage")
@@ -723,23 +887,28 @@ def start_run(args, ckpt, device, rank, world):
 def build(run, cfg, ckpt):
     """(net, optimizer, loader, state): fresh from the seed (at the first growth stage), or as checkpointed."""
     args = run.args
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same weights on every rank: FSDP keeps each rank's slice of them
     net = model.build_model(ckpt["config"] if ckpt else run.stages[0]["config"] if run.stages else cfg)
     net = net.to(run.device)
-    optimizer = make_optimizer(net, args, run.device)
+    if ckpt and not run.sharded:
+        net.load_state_dict(ckpt["model"])
+    net = wrap(net.train(), args, run.device, run.world)
+    optimizer = make_optimizer(model.unwrap(net), args, run.device)  # after sharding: AdamW holds the shards
     loader = data.make_loader(run.meta, "train", args.objective, seed=args.seed, rank=run.rank,
                               world_size=run.world, mask_rate=args.mask_rate, device=run.device)
     state = RunState(next_eval=args.eval_every, next_check=args.grow_check_every)
     if ckpt:
-        net.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        if run.sharded:
+            load_shards(ckpt["folder"], net, optimizer)
+        else:
+            optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
         state = RunState(**ckpt["state"])
         torch.set_rng_state(ckpt["rng"]["torch"])
         if ckpt["rng"]["cuda"] is not None and run.device.type == "cuda":
             torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
         run.say(f"resuming {run.ckpt_path} at step {state.step}, {state.tokens:,} tokens, {state.elapsed:.0f} s used")
-    return wrap(net.train(), args, run.device, run.world), optimizer, loader, state
+    return net, optimizer, loader, state
 
 
 def start_clock(run, state, net, resumed):
@@ -781,6 +950,28 @@ def describe_run(run, net, cfg):
     if run.peak and run.budget.seconds:
         run.say(f"the budget should buy ~{run.budget.seconds * run.peak * 0.4 / flops_tok / 1e9:.2f} B tokens at "
                 f"40% MFU (peak {run.peak / 1e12:.0f} TFLOP/s)")
+    ddp, fsdp = (memory_per_rank(now, run.world, shard) for shard in ("ddp", "fsdp"))
+    run.say(f"memory per rank for fp32 parameters + gradients + AdamW moments: DDP {memory_text(ddp)}; FSDP over "
+            f"{run.world} rank(s) {memory_text(fsdp)}; this run: {args.shard}"
+            + (", activations checkpointed" if args.checkpoint_activations else ""))
+    if run.sharded:
+        shards = [None] * run.world
+        dist.all_gather_object(shards, shard_bytes(net))
+        run.say(f"parameter bytes held by each rank after fully_shard: {shards}")
+
+
+def memory_text(memory):
+    """'0.5 MB + 0.5 MB + 0.9 MB = 1.8 MB': parameters + gradients + AdamW moments, of memory_per_rank."""
+    def text(n):
+        return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+    return " + ".join(text(memory[k]) for k in ("params", "grads", "adam")) + f" = {text(memory['total'])}"
+
+
+def shard_bytes(net):
+    """FSDP: bytes of parameters this rank holds, its slice of every tensor (what memory_per_rank predicts)."""
+    plain = model.unwrap(net)
+    plain.reshard()  # a forward in eval mode (the step-0 evaluation) leaves the root unit all-gathered
+    return sum(p.to_local().numel() * p.to_local().element_size() for p in plain.parameters())
 
 
 # -----------------------------------------------------------------------------
@@ -853,8 +1044,8 @@ def forward_backward(run, state, net, loader, p):
             last = progress_after >= 1.0 or stopped
         started = time.time()
         batch = loader.next_batch(args.micro_batch, T)
-        sync = nullcontext() if run.world == 1 or last else net.no_sync()  # all-reduce once, on the last
-        with sync, torch.autocast(device.type, dtype=run.dtype, enabled=run.dtype != torch.float32):
+        with gradient_sync(run, net, last), torch.autocast(device.type, dtype=run.dtype,
+                                                           enabled=run.dtype != torch.float32):
             loss = net(**batch)["loss"]
             (loss / accum).backward()
         loss_sum += loss.detach().float()
@@ -872,13 +1063,29 @@ def forward_backward(run, state, net, loader, p):
     # Clipping is queued before .item() waits for the GPU, so little is left to launch after the wait; a
     # non-finite step discards the (clipped) gradients anyway.
     grad_norm = torch.nn.utils.clip_grad_norm_(net.parameters(), args.clip) if args.clip > 0 else None
+    if isinstance(grad_norm, DTensor):  # FSDP: a norm over the shards of all ranks
+        grad_norm = grad_norm.full_tensor()
     return loss_sum.item() / done, done, grad_norm
 
 
+def gradient_sync(run, net, last):
+    """The context of one micro-batch's backward: gradients are reduced across ranks on the step's last only.
+    DDP: no_sync() skips the all-reduce. FSDP: set_requires_gradient_sync(False) skips the reduce-scatter, and
+    the unsharded gradients stay until the last micro-batch (fewer collectives, more memory in between)."""
+    if run.sharded:
+        model.unwrap(net).set_requires_gradient_sync(last)
+        return nullcontext()
+    return nullcontext() if run.world == 1 or last else net.no_sync()
+
+
 def checkpoint(run, state, net, optimizer, loader):
+    """Save the run (rank 0's RunState). Every rank calls it: under FSDP every rank writes its shards."""
     state.elapsed = run.budget.elapsed()
     if run.rank == 0:
         state.log_bytes = os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0  # resume cuts here
+    if run.sharded:
+        save_checkpoint_dcp(run.ckpt_path, net, optimizer, loader, asdict(state), run.rank)
+    elif run.rank == 0:
         save_checkpoint(run.ckpt_path, net, optimizer, loader, asdict(state))
 
 
@@ -935,7 +1142,7 @@ def train(args):
     It ends when p reaches 1 (at most one micro-batch late), on SIGTERM/SIGINT (saved for --resume), or after
     --max-bad-steps non-finite losses in a row (the last good checkpoint is restored)."""
     # ---- setup: settings and checks, data, model and optimizer, the clock
-    device, rank, world = setup_device(args.device)
+    device, rank, world = setup_device(args.device, args.shard)
     ckpt = resolve_settings(args, device, rank, world)
     run, cfg = start_run(args, ckpt, device, rank, world)
     net, optimizer, loader, state = build(run, cfg, ckpt)
@@ -946,7 +1153,7 @@ def train(args):
                          for sig in (signal.SIGTERM, signal.SIGINT)}
     bar = tqdm(total=100, disable=rank != 0, unit="%", desc="budget", dynamic_ncols=True,
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
-    speed, last_ckpt_time, status = Speed(state, resumed=ckpt is not None), time.time(), "budget spent"
+    speed, last_ckpt, status = Speed(state, resumed=ckpt is not None), state.elapsed, "budget spent"
     while True:
         # ---- stop: the budget is spent, or a signal asked us to
         p, state.elapsed, stopped = run.budget.now(state)
@@ -997,14 +1204,15 @@ def train(args):
             state.next_eval += args.eval_every
             val = evaluate(run, net)
             log_eval(run, state, p, val)
+            sample = run.samples(net)
             if rank == 0:
-                bar.write(f"{p:4.0%} held-out loss {val:.3f}; {show_samples(model.unwrap(net), run.enc, args)}")
+                bar.write(f"{p:4.0%} held-out loss {val:.3f}; {sample}")
 
-        # ---- checkpoint every --checkpoint-minutes (and --checkpoint-steps)
+        # ---- checkpoint every --checkpoint-minutes (and --checkpoint-steps), on the clock all ranks agree on
         if (args.checkpoint_steps and state.step % args.checkpoint_steps == 0) or \
-                time.time() - last_ckpt_time > args.checkpoint_minutes * 60:
+                state.elapsed - last_ckpt > args.checkpoint_minutes * 60:
+            last_ckpt = state.elapsed
             checkpoint(run, state, net, optimizer, loader)
-            last_ckpt_time = time.time()
     bar.close()
     for sig, handler in previous_handlers.items():
         signal.signal(sig, handler)
@@ -1021,12 +1229,15 @@ def finish(run, state, net, optimizer, loader, status):
         return {"status": status, **asdict(state)}
     if status == "diverged":
         run.say(f"error: {args.max_bad_steps} non-finite losses in a row at step {state.step}")
-        if os.path.isfile(run.ckpt_path):
-            good = load_checkpoint(run.ckpt_path)
-            restored = model.build_model(good["config"])
-            restored.load_state_dict(good["model"])
-            if run.rank == 0:
-                save_final(args.out, restored, run.meta)
+        if os.path.exists(run.ckpt_path):
+            good = read_checkpoint(args)
+            if run.sharded:  # back into the sharded model, which save_final gathers
+                load_shards(good["folder"], net, optimizer)
+                restored = net
+            else:
+                restored = model.build_model(good["config"])
+                restored.load_state_dict(good["model"])
+            save_final(run, restored)
             run.say(f"restored the last good checkpoint (step {good['state']['step']}) into {args.out}/final; "
                     "lower --lr or raise --clip, then --resume")
         raise SystemExit(1)
@@ -1047,13 +1258,14 @@ def finish(run, state, net, optimizer, loader, status):
                               "objective": args.objective, "seq_len": T, "mask_rate": args.mask_rate}}
     if run.peak:
         summary["mfu"] = round(summary["tokens_per_s"] * summary["flops_per_token"] / (run.peak * run.world), 4)
+    run.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
+             "elapsed": round(state.elapsed, 3), "progress": 1.0, "val_loss": val})
+    checkpoint(run, state, net, optimizer, loader)   # every rank: under FSDP each writes its shards,
+    summary["final"] = save_final(run, net)          # and takes part in gathering the weights
+    sample = run.samples(net)
     if run.rank == 0:
-        append_log(run.log_path, {"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
-                                  "elapsed": round(state.elapsed, 3), "progress": 1.0, "val_loss": val})
-        checkpoint(run, state, net, optimizer, loader)
-        summary["final"] = save_final(args.out, net, run.meta)
         summary["plot"] = save_loss_plot(run.log_path, os.path.join(args.out, "loss.png"))
-        print(show_samples(model.unwrap(net), run.enc, args))
+        print(sample)
         data.atomic_write(os.path.join(args.out, "summary.json"),
                           lambda f: f.write(json.dumps(summary, indent=2).encode()))
         print("\n".join(f"{k:>16}: {v}" for k, v in summary.items()))

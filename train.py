@@ -10,8 +10,9 @@ Everything that changes during the run is a function of progress p = elapsed / b
 Goldstein 2022, Sec. 3): the learning rate (default: the budget triangle, 25% of peak rising to the peak at
 p = 0.75, then linearly to 0), the batch-size ramp (the target batch reached at p = 0.6), growth stages (grow.py),
 and when the run stops. Step or token budgets (--max-steps, --max-tokens) give the same schedules on a
-deterministic clock, which is what the tests use. The wall clock counts everything after the data is prepared:
-model construction, torch.compile, evaluation and checkpoints (cramming counts compilation too).
+deterministic clock, which is what the tests use. The wall clock starts once the data is prepared, the model
+built and its step-0 loss measured (as cramming's timer starts after model and data are loaded); from then on it
+counts everything: torch.compile (at the first forward), evaluations, growth and checkpoints.
 
 Output in --out: log.jsonl (one line per logged step, evaluation and growth event), checkpoint.pt (everything
 needed to resume: weights, optimizer, progress, RNG and loader state; with --shard fsdp the folder
@@ -57,6 +58,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="train.py", description="Budgeted language-model pretraining (cramming).",
                                 usage="%(prog)s --data DATA --minutes N [flags]  (--help lists them)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # Defaults reproduce cramming's recipe (Geiping & Goldstein 2022, train/bert-o4.yaml and arch/crammed-bert.yaml)
+    # except where docs/train.md shows a measured change (rotary positions), and --model auto, which picks the
+    # preset, vocabulary, batch and rate that the device and budget can train (choose_defaults below).
     g = p.add_argument_group("budget (the run ends at the first one reached; give at least one)")
     g.add_argument("--hours", type=float, default=None, help="wall-clock budget in hours")
     g.add_argument("--minutes", type=float, default=None, help="wall-clock budget in minutes")
@@ -108,6 +112,8 @@ def parse_args(argv=None):
                    help="auto: grow once d log(loss) / d log(FLOPs) over the stage's last evaluations is above this")
     g.add_argument("--grow-check-every", type=float, default=0.02,
                    help="auto: held-out evaluation for the growth decision every this fraction of the budget")
+    # Cramming ramps the batch to 8192 x 128 tokens over 60% of the budget; a CPU budget buys far fewer tokens,
+    # so choose_defaults shrinks the target until the run gets ~1000 steps.
     g = p.add_argument_group("optimization (defaults: cramming's recipe)")
     g.add_argument("--batch-tokens", type=int, default=None,
                    help="target global batch in tokens, reached by gradient accumulation (default: chosen from the "
@@ -180,6 +186,8 @@ def check_args(parser, args):
         if not ok:
             parser.error(f"{flag} must be {rule} (got {getattr(args, flag[2:].replace('-', '_'))!r})")
 
+    # Every check here runs before data preparation, which can take hours on a real corpus: a typo must not
+    # cost that. Checks that need the prepared data or the model's shape run in resolve_settings.
     if not budget_given(args) and not args.resume:  # a resumed run takes its budget from OUT/args.json
         parser.error("give a budget: --hours, --minutes, --max-steps or --max-tokens")
     for name in ("hours", "minutes", "max_steps", "max_tokens"):
@@ -279,6 +287,8 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
         n_star = float((args.max_tokens / scaling.tokens_for_params(1.0, constants)) ** (opt["a"] / opt["b"]))
         basis = f"{args.max_tokens:,.0f} tokens"
     chosen = {}
+    # The presets' total parameter counts are compared in log scale. Past base (120 M, cramming's model for a
+    # GPU day) auto does not go: a larger model takes fewer steps in the same hours.
     if args.model == "auto":
         def total_params(name):
             return model.count_params(model.make_config(name, vocab_size=PRESET_VOCAB[name]))
@@ -291,13 +301,13 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
         chosen["max_seq_len"] = model.make_config(name)["max_seq_len"]
     resolved = argparse.Namespace(**{**vars(args), **chosen})
     seq, tokens, cfg = resolved.max_seq_len, None, model_config(resolved, resolved.vocab_size)
-    if args.batch_tokens is None:
+    if args.batch_tokens is None:  # tokens the budget buys at the planned FLOP/s, or --max-tokens if smaller
         estimates = [compute / model.flops_per_token(cfg, seq) if compute else None, args.max_tokens]
         tokens = min([t for t in estimates if t], default=None)
         batch = (2 ** int(math.log2(max(1.0, tokens / STEPS_WANTED))) if tokens
                  else CRAMMING_BATCH if on_gpu else 16 * seq)
         chosen["batch_tokens"] = int(min(CRAMMING_BATCH, max(seq * world, batch)))
-    if args.micro_batch is None:
+    if args.micro_batch is None:  # as large as memory allows (cramming: 128 on a GPU), never more than the batch
         batch_tokens = chosen.get("batch_tokens", args.batch_tokens)
         chosen["micro_batch"] = max(1, min(128 if on_gpu else 32, batch_tokens // (seq * world)))
     if args.lr is None:  # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: docs/train.md
@@ -318,7 +328,7 @@ def lr_multiplier(p, schedule="triangle", warmup=0.06):
     """Learning rate as a fraction of the peak at progress p."""
     if schedule == "triangle":      # cramming's budget-triangle2: min(0.25 + p, 4 (1 - p))
         return max(0.0, min(0.25 + p, 4.0 * (1.0 - p)))
-    if schedule == "one-cycle":     # linearly up to the peak at half the budget, then linearly down to 0
+    if schedule == "one-cycle":     # Smith & Topin 2019: linearly up to the peak at half the budget, then down to 0
         return max(0.0, 1.0 - abs(2.0 * p - 1.0))
     if warmup > 0 and p < warmup:   # linear and cosine warm up linearly from 0
         return p / warmup
@@ -327,12 +337,14 @@ def lr_multiplier(p, schedule="triangle", warmup=0.06):
     q = (p - warmup) / (1.0 - warmup)
     if schedule == "linear":
         return max(0.0, 1.0 - q)
-    return 0.5 * (1.0 + math.cos(math.pi * min(q, 1.0)))  # cosine
+    return 0.5 * (1.0 + math.cos(math.pi * min(q, 1.0)))  # cosine, one half-period (Loshchilov & Hutter 2017)
 
 
 def accumulation_steps(p, target, ramp=0.6):
     """Micro-batches per optimizer step: grows linearly from 1 to target over the first `ramp` of the budget
-    (cramming's batch-size ramp), so each forward keeps the same static shape."""
+    (cramming's batch_size_ramp 0.6 in train/bert-o4.yaml). Early steps are small and many, when the loss falls
+    fastest; the ramp goes through the number of micro-batches, so every forward keeps one static shape (no
+    recompilation under torch.compile)."""
     if ramp <= 0 or p >= ramp:
         return target
     return max(1, min(target, int(p / ramp * target) + 1))
@@ -356,6 +368,8 @@ def setup_device(choice, shard="ddp"):
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        # fp32 matmuls outside autocast (the loss, the optimizer's norms) may use TF32 tensor cores, as cramming's
+        # impl config allows: fp32's range at a 10-bit mantissa, several times faster on Ampere and later
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     backend = "nccl" if choice == "cuda" else "gloo"
     if world > 1 and not dist.is_initialized():
@@ -366,14 +380,18 @@ def setup_device(choice, shard="ddp"):
 
 
 def autocast_dtype(choice, device):
+    """bf16 where the GPU has it: it keeps fp32's exponent range, so no loss scaling is needed (cramming used fp16
+    with a GradScaler). fp32 elsewhere unless --dtype bf16 asks: most CPUs run bf16 matmuls no faster."""
     if choice == "fp32" or (choice == "auto" and not (device.type == "cuda" and torch.cuda.is_bf16_supported())):
         return torch.float32
     return torch.bfloat16
 
 
 def make_optimizer(net, args, device):
-    """AdamW with no weight decay on norms, biases and scalars (everything with fewer than 2 dimensions);
-    the fused CUDA kernel when on a GPU."""
+    """AdamW (decoupled weight decay, Loshchilov & Hutter 2019) as cramming's bert-o4 sets it: lr 1e-3 at width
+    768, betas (0.9, 0.98), eps 1e-12, weight decay 0.01, none on norms, biases and scalars (cramming's
+    limited_decay_keys; here: every tensor with fewer than 2 dimensions). On a GPU the fused kernel updates
+    all parameters in one launch instead of several per tensor."""
     params = [p for p in net.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -384,6 +402,8 @@ def make_optimizer(net, args, device):
 def wrap(net, args, device, world):
     """Activation checkpointing and FSDP (both in place), then torch.compile and DDP around the plain model;
     model.unwrap finds the plain model again (under FSDP that is the module itself)."""
+    # Checkpointing rewrites each block's forward and FSDP shards the blocks, both in place; torch.compile then
+    # traces the result, and DDP goes outermost, as nanoGPT does: DDP(torch.compile(model)).
     if args.checkpoint_activations:
         checkpoint_activations(net)
     if args.shard == "fsdp":
@@ -459,6 +479,8 @@ def run_state(net, loader, state):
 
 
 def save_checkpoint(path, net, optimizer, loader, state):
+    """DDP and one process: rank 0 writes one file. The RNG and the loader's position are in it because the
+    masks and the batch order are functions of the seed and the position: that makes resume bitwise exact."""
     ckpt = {"model": model.unwrap(net).state_dict(), "optimizer": optimizer.state_dict(),
             **run_state(net, loader, state)}
     data.atomic_write(path, lambda f: torch.save(ckpt, f))
@@ -777,15 +799,16 @@ class Run:
     meta: dict                    # data.prepare_data's description of the token shards
     enc: object                   # the tokenizer, only to show samples
     stages: list                  # grow.parse_schedule's stages ([] without growth)
-    budget: Budget
     log_path: str
     ckpt_path: str                # checkpoint.pt, or the folder checkpoint.dcp/ under FSDP
     peak: float                   # this GPU's peak FLOP/s, or None (no MFU)
+    budget: Budget = None         # the clock: start_clock makes it once setup is done
     held_out: dict = field(default_factory=dict)  # {sequence length: the evaluation's batches}
 
     def say(self, *text):
+        """Print on rank 0 only, through tqdm so that a line never breaks the progress bar."""
         if self.rank == 0:
-            print(*text)
+            tqdm.write(" ".join(map(str, text)))
 
     def log(self, record):
         if self.rank == 0:
@@ -816,7 +839,7 @@ def evaluate(run, net):
     averaged over ranks. The batches (the val split read in order with a fixed seed) are built once per length."""
     plain, args = model.unwrap(net), run.args
     T = plain.config["max_seq_len"]
-    if T not in run.held_out:
+    if T not in run.held_out:  # a fixed seed: the same masks every time, in every run, so curves compare
         loader = data.make_loader(run.meta, "val", args.objective, seed=1234, rank=run.rank, world_size=run.world,
                                   mask_rate=args.mask_rate, device=run.device, prefetch=False)
         run.held_out[T] = [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
@@ -868,7 +891,7 @@ def start_run(args, ckpt, device, rank, world):
     cfg = model_config(args, meta["n_vocab"])
     stages = growth_stages(args, cfg)
     run = Run(args, device, autocast_dtype(args.dtype, device), rank, world, meta,
-              data.load_tokenizer(meta["tokenizer"]), stages, None, os.path.join(args.out, "log.jsonl"),
+              data.load_tokenizer(meta["tokenizer"]), stages, os.path.join(args.out, "log.jsonl"),
               checkpoint_path(args), gpu_peak_flops(device))
     if stages and any(stages[-1]["config"][k] != cfg[k] for k in grow.GROWN_KEYS):
         run.say(f"--grow: the schedule ends at {grow.describe(stages[-1]['config'])}, not the model's "
@@ -890,6 +913,8 @@ def build(run, cfg, ckpt):
     torch.manual_seed(args.seed)  # the same weights on every rank: FSDP keeps each rank's slice of them
     net = model.build_model(ckpt["config"] if ckpt else run.stages[0]["config"] if run.stages else cfg)
     net = net.to(run.device)
+    # The order matters: weights go in before wrapping (DDP broadcasts them, FSDP keeps a slice of them), and the
+    # optimizer is made after (under FSDP its moments must be shaped like the shards, not the full tensors).
     if ckpt and not run.sharded:
         net.load_state_dict(ckpt["model"])
     net = wrap(net.train(), args, run.device, run.world)
@@ -912,25 +937,27 @@ def build(run, cfg, ckpt):
 
 
 def start_clock(run, state, net, resumed):
-    """The step-0 evaluation (off the clock: where the curve starts, about ln V nats), then the Budget; a resumed
-    run checks that budget is left, and an extended one moves its next evaluation to the new progress."""
+    """The step-0 evaluation (off the clock: where the curve starts, about ln V nats), then the Budget, whose
+    clock starts now (a resumed run's continues from its saved elapsed time). A resumed run checks that budget is
+    left, and an extended one moves its next evaluation to the new progress."""
     args = run.args
     if not resumed:
         val = evaluate(run, net)
         run.log({"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "progress": 0.0,
                  "val_loss": val})
         run.say(f"held-out loss before training: {val:.3f}")
-    run.budget = Budget(args, state.elapsed, run.device, run.world)
+    budget = Budget(args, state.elapsed, run.device, run.world)
     if resumed:
-        p = run.budget.progress(state.step, state.tokens, state.elapsed)
+        p = budget.progress(state.step, state.tokens, state.elapsed)
         if p >= 1.0:
             raise SystemExit(f"error: {run.ckpt_path} has spent its budget "
-                             f"({run.budget.left(state.step, state.tokens, state.elapsed)} left); give a larger "
+                             f"({budget.left(state.step, state.tokens, state.elapsed)} left); give a larger "
                              "one with --resume to extend the run")
         if getattr(args, "budget_was", None):  # extended: the schedules read progress, which just went down
             state.next_eval = (math.floor(p / args.eval_every) + 1) * args.eval_every
             run.say(f"resume: budget {args.budget_was} -> {budget_text(args)}; progress is now {p:.1%}, so the "
                     "learning rate, batch ramp and growth stages continue from there (docs/train.md: extending a run)")
+    return budget
 
 
 def describe_run(run, net, cfg):
@@ -1014,8 +1041,7 @@ def grow_now(run, state, net, optimizer, p, why):
     event = {"kind": "grow", "step": state.step, "tokens": state.tokens, "elapsed": state.elapsed, "progress": p,
              **event, "val_loss_before": loss_before, "val_loss_after": loss_after, "reason": why}
     run.log(event)
-    if run.rank == 0:
-        tqdm.write(f"grow at {p:.1%}: {event}")
+    run.say(f"grow at {p:.1%}: {event}")
     return net, optimizer
 
 
@@ -1038,34 +1064,45 @@ def forward_backward(run, state, net, loader, p):
     accum = accumulation_steps(p, target_accumulation(args, T, run.world), args.batch_ramp)
     loss_sum, done, micro_seconds = torch.zeros((), device=device), 0, 0.0
     for micro in range(accum):
-        last = micro == accum - 1
-        if micro > 0 and not last:  # would one more micro-batch, as long as the last one, end past the deadline?
-            progress_after, _, stopped = run.budget.now(state, micro_seconds)
-            last = progress_after >= 1.0 or stopped
+        last = micro == accum - 1 or (micro > 0 and ends_past_deadline(run.budget, state, micro_seconds))
         started = time.time()
         batch = loader.next_batch(args.micro_batch, T)
         with gradient_sync(run, net, last), torch.autocast(device.type, dtype=run.dtype,
                                                            enabled=run.dtype != torch.float32):
-            loss = net(**batch)["loss"]
-            (loss / accum).backward()
+            loss = net(**batch)["loss"]          # MLM: cross-entropy on the masked positions only (sparse)
+            (loss / accum).backward()            # gradients add up: the step's mean over its micro-batches
         loss_sum += loss.detach().float()
         done += 1
         micro_seconds = time.time() - started
         if last:
             break
-    if done < accum:  # a step cut short: the summed gradient becomes the mean over the micro-batches it has
-        for param in net.parameters():
-            if param.grad is not None:
-                param.grad.mul_(accum / done)
+    mean_over_done(net, accum, done)
     if run.world > 1:  # one loss for all ranks, so all take the same skip-or-step decision
         dist.all_reduce(loss_sum)
         loss_sum /= run.world
-    # Clipping is queued before .item() waits for the GPU, so little is left to launch after the wait; a
+    # Clip the global L2 norm (cramming: 0.5), which keeps the few early spikes of a high peak rate from undoing
+    # training. It is queued before .item() waits for the GPU, so little is left to launch after the wait; a
     # non-finite step discards the (clipped) gradients anyway.
     grad_norm = torch.nn.utils.clip_grad_norm_(net.parameters(), args.clip) if args.clip > 0 else None
     if isinstance(grad_norm, DTensor):  # FSDP: a norm over the shards of all ranks
         grad_norm = grad_norm.full_tensor()
     return loss_sum.item() / done, done, grad_norm
+
+
+def ends_past_deadline(budget, state, micro_seconds):
+    """Would one more micro-batch, as long as the last one, end past the deadline (or has a stop signal come)?
+    Then it becomes the step's last: a run ends at most one micro-batch late."""
+    progress_after, _, stopped = budget.now(state, micro_seconds)
+    return progress_after >= 1.0 or stopped
+
+
+def mean_over_done(net, accum, done):
+    """A step cut short at the deadline divided each micro-batch's loss by accum, not by done: rescale its
+    gradients to the mean over the micro-batches it has."""
+    if done < accum:
+        for param in net.parameters():
+            if param.grad is not None:
+                param.grad.mul_(accum / done)
 
 
 def gradient_sync(run, net, last):
@@ -1090,15 +1127,18 @@ def checkpoint(run, state, net, optimizer, loader):
 
 
 class Speed:
-    """Tokens per second since the last log line, and once, ten steps after the first (which compiles and warms
-    up), the tokens the whole budget should buy at the measured rate."""
+    """Tokens and FLOPs per second since the last log line, and once, ten steps after the first (which compiles
+    and warms up), the tokens the whole budget should buy at the measured rate."""
 
     def __init__(self, state, resumed):
-        self.last = (time.time(), state.tokens)
+        self.last = (time.time(), state.tokens, state.flops)
         self.first_step, self.warm, self.estimated = state.step + 1, None, resumed
 
-    def tokens_per_s(self, state):
-        return (state.tokens - self.last[1]) / max(time.time() - self.last[0], 1e-9)
+    def since_last_log(self, state):
+        """(tokens/s, FLOP/s) since the previous call; the next call measures from now."""
+        (then, tokens, flops), now = self.last, time.time()
+        self.last, seconds = (now, state.tokens, state.flops), max(now - then, 1e-9)
+        return (state.tokens - tokens) / seconds, (state.flops - flops) / seconds
 
     def estimate(self, run, state):
         if self.estimated or not run.budget.seconds:
@@ -1108,22 +1148,21 @@ class Speed:
         elif state.step >= self.first_step + 10:
             rate = (state.tokens - self.warm[1]) / (time.time() - self.warm[0])
             left = max(run.budget.seconds - run.budget.elapsed(), 0.0)
-            if run.rank == 0:
-                tqdm.write(f"measured {rate:,.0f} tokens/s: the budget should buy ~{state.tokens + rate * left:,.0f}"
-                           " tokens in all")
+            run.say(f"measured {rate:,.0f} tokens/s: the budget should buy ~{state.tokens + rate * left:,.0f} "
+                    "tokens in all")
             self.estimated = True
 
 
-def log_step(run, state, speed, bar, p, *, loss, lr, batch_tokens, grad_norm, flops_per_token):
-    """A 'train' record in log.jsonl (with MFU on a known GPU) and the progress bar's text."""
-    tok_s = speed.tokens_per_s(state)
+def log_step(run, state, p, speed, bar, loss, lr, batch_tokens, grad_norm):
+    """A 'train' record in log.jsonl and the progress bar's text. MFU (on a GPU of known peak) is the model
+    FLOPs actually spent per second over the peak of all ranks (PaLM's definition, Chowdhery et al. 2022, App. B)."""
+    tok_s, flop_s = speed.since_last_log(state)
     record = {"kind": "train", "step": state.step, "tokens": state.tokens, "elapsed": round(run.budget.elapsed(), 3),
               "progress": round(p, 5), "loss": loss, "lr": lr, "batch_tokens": batch_tokens, "flops": state.flops,
               "tokens_per_s": round(tok_s), "grad_norm": grad_norm.item() if grad_norm is not None else None}
     if run.peak:
-        record["mfu"] = round(tok_s * flops_per_token / (run.peak * run.world), 4)
+        record["mfu"] = round(flop_s / (run.peak * run.world), 4)
     run.log(record)
-    speed.last = (time.time(), state.tokens)
     bar.set_postfix_str(f"loss {loss:.3f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s, "
                         f"{run.budget.left(state.step, state.tokens, run.budget.elapsed())} left")
 
@@ -1146,7 +1185,7 @@ def train(args):
     ckpt = resolve_settings(args, device, rank, world)
     run, cfg = start_run(args, ckpt, device, rank, world)
     net, optimizer, loader, state = build(run, cfg, ckpt)
-    start_clock(run, state, net, resumed=ckpt is not None)
+    run.budget = start_clock(run, state, net, resumed=ckpt is not None)
     describe_run(run, net, cfg)
     # preemption (SIGTERM) and Ctrl-C only set a flag: the step in flight finishes, then the run saves
     previous_handlers = {sig: signal.signal(sig, lambda s, f: run.budget.stopped.append(s))
@@ -1166,14 +1205,17 @@ def train(args):
         if due:
             net, optimizer = grow_now(run, state, net, optimizer, p, why)
 
-        # ---- set the learning rate: a function of progress only (cramming's budget schedules)
+        # ---- set the learning rate: a function of progress only (cramming's budget schedules), so a slow step,
+        # an evaluation or a resume never shifts it
         lr = learning_rate(args, state, p)
         for group in optimizer.param_groups:
             group["lr"] = lr
 
         # ---- forward and backward over the step's micro-batches, cut at the deadline
         loss, done, grad_norm = forward_backward(run, state, net, loader, p)
-        if not math.isfinite(loss):  # skip the update, keep the data position moving
+        # one inf or NaN in AdamW's moments would stay there for good: skip the update instead (the data position
+        # moves on, so the next step sees other batches), and give up after --max-bad-steps in a row
+        if not math.isfinite(loss):
             optimizer.zero_grad(set_to_none=True)
             state.bad_steps += 1
             state.skipped_steps += 1
@@ -1191,22 +1233,19 @@ def train(args):
         state.bad_steps, state.step = 0, state.step + 1
         state.tokens += batch_tokens
         state.flops += batch_tokens * flops_per_token
-        bar.update(round(100 * p, 1) - bar.n)
+        bar.update(round(100 * p, 1) - bar.n)                          # the bar counts % of the budget
 
         # ---- log
         speed.estimate(run, state)
         if state.step % args.log_every == 0:
-            log_step(run, state, speed, bar, p, loss=loss, lr=lr, batch_tokens=batch_tokens, grad_norm=grad_norm,
-                     flops_per_token=flops_per_token)
+            log_step(run, state, p, speed, bar, loss, lr, batch_tokens, grad_norm)
 
         # ---- evaluate on held-out data, and show what the model makes of a fixed text
         if p >= state.next_eval:
             state.next_eval += args.eval_every
             val = evaluate(run, net)
             log_eval(run, state, p, val)
-            sample = run.samples(net)
-            if rank == 0:
-                bar.write(f"{p:4.0%} held-out loss {val:.3f}; {sample}")
+            run.say(f"{p:4.0%} held-out loss {val:.3f}; {run.samples(net)}")
 
         # ---- checkpoint every --checkpoint-minutes (and --checkpoint-steps), on the clock all ranks agree on
         if (args.checkpoint_steps and state.step % args.checkpoint_steps == 0) or \
@@ -1227,7 +1266,7 @@ def finish(run, state, net, optimizer, loader, status):
         checkpoint(run, state, net, optimizer, loader)
         run.say(f"stopped by signal at step {state.step}: checkpoint saved to {run.ckpt_path}; continue with --resume")
         return {"status": status, **asdict(state)}
-    if status == "diverged":
+    if status == "diverged":  # the weights in memory may hold NaN: final/ gets the last checkpoint's instead
         run.say(f"error: {args.max_bad_steps} non-finite losses in a row at step {state.step}")
         if os.path.exists(run.ckpt_path):
             good = read_checkpoint(args)
@@ -1242,6 +1281,8 @@ def finish(run, state, net, optimizer, loader, status):
                     "lower --lr or raise --clip, then --resume")
         raise SystemExit(1)
 
+    # ---- the budget is spent: one last evaluation, the checkpoint (a later --resume with a larger budget extends
+    # the run), final/ for evaluate_glue.py and evaluate_lm.py, the plot and the summary
     val = evaluate(run, net)
     final_cfg = model.unwrap(net).config
     T = final_cfg["max_seq_len"]
@@ -1268,7 +1309,7 @@ def finish(run, state, net, optimizer, loader, status):
         print(sample)
         data.atomic_write(os.path.join(args.out, "summary.json"),
                           lambda f: f.write(json.dumps(summary, indent=2).encode()))
-        print("\n".join(f"{k:>16}: {v}" for k, v in summary.items()))
+        print("\n".join(f"{k:>16}: {v:.4g}" if isinstance(v, float) else f"{k:>16}: {v}" for k, v in summary.items()))
     return summary
 
 
@@ -1277,6 +1318,8 @@ RENAMED_FLAGS = {"seq_len": "max_seq_len", "ffn": "activation"}  # in args.json 
 
 def main(argv=None):
     args = parse_args(argv)
+    # A resume must train the same model on the same data with the same schedule, so its settings come from
+    # OUT/args.json and not from today's command line; only a new budget may extend the run.
     if args.resume:  # the saved settings win, except the output flags and a budget given now
         saved = os.path.join(args.out, "args.json")
         if os.path.isfile(saved):

@@ -192,42 +192,38 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
     loader = data.make_loader(meta, "train", "mlm", seed=seed, mask_rate=s.mask_rate, device=device)
     run_net = torch.compile(net, dynamic=False) if s.compile else net
     accum = max(1, round(s.batch_tokens / (s.micro_batch * s.max_seq_len)))  # train.py's target accumulation
-    budget = train.budget_seconds(s)
-    curve, tokens, status, next_eval = [], 0, "budget spent", EVAL_EVERY
-    t0 = time.time()  # like train.py's clock: from after model, optimizer and loader are built
+    # train.py's clock (from after model, optimizer and loader are built) and its hard deadline
+    budget = train.Budget(argparse.Namespace(**{**vars(s), "max_steps": None, "max_tokens": None}))  # time only
+    state = train.RunState()
+    curve, status, next_eval = [], "budget spent", EVAL_EVERY
     while True:
-        p = (time.time() - t0) / budget
+        p, _, _ = budget.now(state)
         if p >= 1.0:
             break
         for group in optimizer.param_groups:
             group["lr"] = lr * train.lr_multiplier(p, "linear", HF_WARMUP)
-        loss_sum, done, micro_started = torch.zeros((), device=device), 0, time.time()
+        loss_sum, done, micro_seconds = torch.zeros((), device=device), 0, 0.0
         for micro in range(accum):
-            # train.py's hard deadline: the micro-batch that would end past it is the step's last one
-            now = time.time()
-            last = micro == accum - 1 or (micro > 0 and (now - t0) + (now - micro_started) > budget)
-            micro_started = now
+            last = micro == accum - 1 or (micro > 0 and train.ends_past_deadline(budget, state, micro_seconds))
+            started = time.time()
             loss = hf_loss(run_net, loader.next_batch(s.micro_batch, s.max_seq_len), dtype)
             (loss / accum).backward()
-            loss_sum, done = loss_sum + loss.detach(), done + 1
+            loss_sum, done, micro_seconds = loss_sum + loss.detach(), done + 1, time.time() - started
             if last:
                 break
         if not math.isfinite(loss_sum.item()):  # diverged (too high a rate for post-LN BERT); one GPU wait per step
             status = "diverged"
             break
-        if done < accum:  # a step cut short by the deadline: the mean gradient over the micro-batches it has
-            for q in net.parameters():
-                if q.grad is not None:
-                    q.grad.mul_(accum / done)
+        train.mean_over_done(net, accum, done)
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        tokens += done * s.micro_batch * s.max_seq_len
+        state.step, state.tokens = state.step + 1, state.tokens + done * s.micro_batch * s.max_seq_len
         if p >= next_eval:  # the same rule as train.py: the first step that starts past the mark
             next_eval += EVAL_EVERY
             val = hf_evaluate(net, meta, s, device, dtype)
-            curve.append({"elapsed": round(time.time() - t0, 3), "tokens": tokens, "val_loss": val})
-    elapsed = time.time() - t0
+            curve.append({"elapsed": round(budget.elapsed(), 3), "tokens": state.tokens, "val_loss": val})
+    elapsed, tokens = budget.elapsed(), state.tokens
     final = hf_evaluate(net, meta, s, device, dtype) if status != "diverged" else None  # outside the clock
     curve = [q for q in curve if q["tokens"] < tokens]  # an evaluation of these very weights is replaced by it
     if final is not None:

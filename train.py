@@ -738,6 +738,7 @@ class Budget:
         self.max_steps, self.max_tokens = args.max_steps, args.max_tokens
         self.start = time.time() - elapsed   # a resumed run continues the same clock
         self.device, self.world, self.stopped = device, world, []
+        self.reached = False                 # a step was cut at the deadline: that step was the run's last
 
     def elapsed(self):
         return time.time() - self.start
@@ -768,7 +769,8 @@ class Budget:
             t = torch.tensor([elapsed, stop], dtype=torch.float64, device=self.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             elapsed, stop = t.tolist()
-        return self.progress(state.step, state.tokens, elapsed), elapsed, stop > 0
+        p = 1.0 if self.reached else self.progress(state.step, state.tokens, elapsed)
+        return p, elapsed, stop > 0
 
 
 @dataclass
@@ -1091,8 +1093,11 @@ def forward_backward(run, state, net, loader, p):
 
 def ends_past_deadline(budget, state, micro_seconds):
     """Would one more micro-batch, as long as the last one, end past the deadline (or has a stop signal come)?
-    Then it becomes the step's last: a run ends at most one micro-batch late."""
+    Then it becomes the step's last, and at the deadline that step is also the run's last, even if its final
+    micro-batch ran faster than the one before and the clock stops just short: a run ends within one micro-batch
+    of its deadline, and never with extra steps of one or two micro-batches."""
     progress_after, _, stopped = budget.now(state, micro_seconds)
+    budget.reached = budget.reached or progress_after >= 1.0
     return progress_after >= 1.0 or stopped
 
 

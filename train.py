@@ -639,6 +639,8 @@ def budget_tokens(args, device):
     if args.max_steps and not seconds:
         return args.max_steps * args.batch_tokens
     peak = gpu_peak_flops(device)
+    # 40% MFU is what a well-tuned small-model run reaches (nanoGPT measures ~37% on an A100): a download sized
+    # for it is rarely too small, and a run that is faster simply repeats data (the loader counts epochs)
     rate = peak * 0.4 / model.flops_per_token(cfg) if peak else 2000.0
     return int(seconds * rate * int(os.environ.get("WORLD_SIZE", 1)))
 
@@ -649,6 +651,8 @@ def prepare(args, device, rank, world):
                   lowercase=args.lowercase, strip_accents=args.lowercase, fineweb_shards=args.fineweb_shards,
                   max_tokens=budget_tokens(args, device) if args.data == "fineweb" else None, progress=rank == 0)
     meta = None
+    # One process downloads and tokenizes, so ranks never race on the cache; the others then find the finished
+    # entry under the same settings key and only read its meta.json
     if rank == 0:
         try:
             meta = data.prepare_data(**kwargs)
@@ -846,13 +850,13 @@ def evaluate(run, net):
                                   mask_rate=args.mask_rate, device=run.device, prefetch=False)
         run.held_out[T] = [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
     was_training = plain.training
-    plain.eval()
+    plain.eval()  # no dropout; eager and outside DDP (under FSDP the plain model is the sharded module itself)
     total = torch.zeros((), device=run.device)
     for batch in run.held_out[T]:
         with torch.autocast(run.device.type, dtype=run.dtype, enabled=run.dtype != torch.float32):
             total += plain(**batch)["loss"].float()
     plain.train(was_training)
-    if run.world > 1:
+    if run.world > 1:  # each rank evaluated its own slice of the held-out batches: the mean over all of them
         dist.all_reduce(total)
     return total.item() / (args.eval_batches * run.world)
 
@@ -1033,6 +1037,8 @@ def grow_now(run, state, net, optimizer, p, why):
     just before (at the old sequence length) and just after (at the new one). Returns (net, optimizer)."""
     args = run.args
     state.stage += 1
+    # The loss just before and just after shows what the operator cost: a function-preserving one (Net2Net,
+    # bert2BERT) changes it by float noise only, while a sequence-length step also changes the task
     loss_before = evaluate(run, net)
     plain, optimizer, event = grow.apply_stage(
         model.unwrap(net), optimizer, run.stages[state.stage], lambda m: make_optimizer(m, args, run.device),

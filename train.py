@@ -64,7 +64,11 @@ def parse_args(argv=None):
     g.add_argument("--max-tokens", type=float, default=None, help="budget in training tokens (all ranks)")
     g = p.add_argument_group("data")
     g.add_argument("--data", default="fineweb", help="'fineweb' (download FineWeb-Edu shards), 'sample' (bundled "
-                   "Shakespeare) or a file/folder of .txt/.jsonl/.jsonl.gz/.parquet")
+                   "Shakespeare), 'fineweb2:LANG' (FineWeb-2, e.g. fineweb2:fra_Latn), a file/folder of "
+                   ".txt/.jsonl/.jsonl.gz/.parquet, or a mixture 'SOURCE:WEIGHT,SOURCE:WEIGHT,...' (docs/data.md)")
+    g.add_argument("--mix-temperature", type=float, default=None,
+                   help="weight the --data sources by size^(1/T), size in characters (XLM, BLOOM): 1 = by size, "
+                   "larger = flatter; the sources then take no weights")
     g.add_argument("--cache", default="cache", help="folder for downloads, tokenizer and token shards")
     g.add_argument("--vocab-size", type=int, default=None,
                    help="tokenizer vocabulary (default: by model, 512 for tiny up to cramming's 32768 for base)")
@@ -625,7 +629,8 @@ def prepare(args, device, rank, world):
     """Rank 0 prepares (downloads, cleans, tokenizes); the others wait and then read the same cache."""
     kwargs = dict(data=args.data, cache_dir=args.cache, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
                   lowercase=args.lowercase, strip_accents=args.lowercase, fineweb_shards=args.fineweb_shards,
-                  max_tokens=budget_tokens(args, device) if args.data == "fineweb" else None, progress=rank == 0)
+                  max_tokens=budget_tokens(args, device) if data.downloads(args.data) else None, progress=rank == 0,
+                  mix_temperature=args.mix_temperature)
     meta = None
     if rank == 0:
         try:
@@ -781,7 +786,8 @@ class Run:
     log_path: str
     ckpt_path: str                # checkpoint.pt, or the folder checkpoint.dcp/ under FSDP
     peak: float                   # this GPU's peak FLOP/s, or None (no MFU)
-    held_out: dict = field(default_factory=dict)  # {sequence length: the evaluation's batches}
+    held_out: dict = field(default_factory=dict)  # {sequence length: {source: the evaluation's batches}}
+    val_by_source: dict = None    # a mixture's held-out loss per source at the last evaluation
 
     def say(self, *text):
         if self.rank == 0:
@@ -813,28 +819,44 @@ class Run:
 @torch.no_grad()
 def evaluate(run, net):
     """Mean held-out loss over the same --eval-batches batches every time, at the model's sequence length,
-    averaged over ranks. The batches (the val split read in order with a fixed seed) are built once per length."""
+    averaged over ranks. The batches (the val split read in order with a fixed seed) are built once per length.
+    A corpus mixture evaluates each source's own val split so; the result is their mean weighted by the mixture,
+    and run.val_by_source keeps each source's loss for the log."""
     plain, args = model.unwrap(net), run.args
     T = plain.config["max_seq_len"]
+    names = [s["name"] for s in run.meta.get("sources", [])] or [None]  # None: the one corpus
     if T not in run.held_out:
-        loader = data.make_loader(run.meta, "val", args.objective, seed=1234, rank=run.rank, world_size=run.world,
-                                  mask_rate=args.mask_rate, device=run.device, prefetch=False)
-        run.held_out[T] = [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
+        run.held_out[T] = {}
+        for name in names:
+            loader = data.make_loader(run.meta, "val", args.objective, seed=1234, rank=run.rank, world_size=run.world,
+                                      mask_rate=args.mask_rate, device=run.device, prefetch=False, source=name)
+            run.held_out[T][name] = [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
     was_training = plain.training
     plain.eval()
-    total = torch.zeros((), device=run.device)
-    for batch in run.held_out[T]:
-        with torch.autocast(run.device.type, dtype=run.dtype, enabled=run.dtype != torch.float32):
-            total += plain(**batch)["loss"].float()
+    total = torch.zeros(len(names), device=run.device)
+    for i, name in enumerate(names):
+        for batch in run.held_out[T][name]:
+            with torch.autocast(run.device.type, dtype=run.dtype, enabled=run.dtype != torch.float32):
+                total[i] += plain(**batch)["loss"].float()
     plain.train(was_training)
     if run.world > 1:
         dist.all_reduce(total)
-    return total.item() / (args.eval_batches * run.world)
+    losses = [t / (args.eval_batches * run.world) for t in total.tolist()]
+    if names == [None]:
+        return losses[0]
+    run.val_by_source = dict(zip(names, losses))
+    return sum(s["weight"] * loss for s, loss in zip(run.meta["sources"], losses))
+
+
+def by_source(run):
+    """The log's extra field for a mixture: {"val_loss_by_source": {source: loss}} of the last evaluation."""
+    return {"val_loss_by_source": run.val_by_source} if run.val_by_source else {}
 
 
 def log_eval(run, state, p, val, **extra):
     run.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
-             "elapsed": round(run.budget.elapsed(), 3), "progress": round(p, 5), "val_loss": val, **extra})
+             "elapsed": round(run.budget.elapsed(), 3), "progress": round(p, 5), "val_loss": val, **by_source(run),
+             **extra})
 
 
 # -----------------------------------------------------------------------------
@@ -918,7 +940,7 @@ def start_clock(run, state, net, resumed):
     if not resumed:
         val = evaluate(run, net)
         run.log({"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "progress": 0.0,
-                 "val_loss": val})
+                 "val_loss": val, **by_source(run)})
         run.say(f"held-out loss before training: {val:.3f}")
     run.budget = Budget(args, state.elapsed, run.device, run.world)
     if resumed:
@@ -1206,7 +1228,8 @@ def train(args):
             log_eval(run, state, p, val)
             sample = run.samples(net)
             if rank == 0:
-                bar.write(f"{p:4.0%} held-out loss {val:.3f}; {sample}")
+                each = ", ".join(f"{name} {loss:.3f}" for name, loss in (run.val_by_source or {}).items())
+                bar.write(f"{p:4.0%} held-out loss {val:.3f}{f' ({each})' if each else ''}; {sample}")
 
         # ---- checkpoint every --checkpoint-minutes (and --checkpoint-steps), on the clock all ranks agree on
         if (args.checkpoint_steps and state.step % args.checkpoint_steps == 0) or \
@@ -1256,10 +1279,12 @@ def finish(run, state, net, optimizer, loader, status):
                # what the held-out loss depends on besides N and D: scaling.py fits only runs that agree on these
                "comparable": {"data": os.path.basename(run.meta["dir"]), "vocab_size": final_cfg["vocab_size"],
                               "objective": args.objective, "seq_len": T, "mask_rate": args.mask_rate}}
+    if run.val_by_source:  # a mixture: each source's final loss, and how often the run read each source
+        summary.update(val_loss_by_source=run.val_by_source, epochs_by_source=loader.epochs())
     if run.peak:
         summary["mfu"] = round(summary["tokens_per_s"] * summary["flops_per_token"] / (run.peak * run.world), 4)
     run.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
-             "elapsed": round(state.elapsed, 3), "progress": 1.0, "val_loss": val})
+             "elapsed": round(state.elapsed, 3), "progress": 1.0, "val_loss": val, **by_source(run)})
     checkpoint(run, state, net, optimizer, loader)   # every rank: under FSDP each writes its shards,
     summary["final"] = save_final(run, net)          # and takes part in gathering the weights
     sample = run.samples(net)

@@ -5,6 +5,7 @@ sample_cache), and the tiny preset.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -205,6 +206,27 @@ def test_sequence_length_warm_up_shows_in_the_log_at_equal_tokens_per_step(sampl
 def test_token_budget_counts_all_tokens(sample_cache, tmp_path):
     summary = run(sample_cache, tmp_path, "--max-tokens", "2560", "--batch-ramp", "0")
     assert summary["tokens"] == 2560 and summary["steps"] == 10
+
+
+def test_a_mixture_run_logs_each_sources_held_out_loss_and_how_often_it_read_each(tmp_path, capsys):
+    import data
+    works = list(data.iter_documents(data.SAMPLE_CORPUS))
+    for name, docs in (("plays", works[:4]), ("sonnets", works[4:6])):   # two sources of whole works
+        with open(tmp_path / f"{name}.jsonl", "w") as f:
+            f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
+    mixture = f"{tmp_path / 'plays.jsonl'}:0.7,{tmp_path / 'sonnets.jsonl'}:0.3"
+    summary = train.main(["--data", mixture, *TINY[2:], "--cache", str(tmp_path / "cache"), "--out",
+                          str(tmp_path / "out"), "--max-steps", "4", "--eval-every", "0.5"])
+    evals = [r for r in read_log(tmp_path / "out") if r["kind"] == "eval"]
+    assert len(evals) == 3 and evals[0]["step"] == 0 and evals[-1]["step"] == 4
+    for r in evals:
+        by = r["val_loss_by_source"]
+        assert set(by) == {"plays", "sonnets"} and r["val_loss"] == pytest.approx(0.7 * by["plays"] + 0.3 * by["sonnets"])
+    assert summary["val_loss_by_source"] == evals[-1]["val_loss_by_source"]
+    assert summary["final_val_loss"] == evals[-1]["val_loss"]
+    assert set(summary["epochs_by_source"]) == {"plays", "sonnets"} and summary["epochs_by_source"]["plays"] > 0
+    out = capsys.readouterr().out                                            # the progress line names each source
+    assert re.search(r"50% held-out loss \d\.\d{3} \(plays \d\.\d{3}, sonnets \d\.\d{3}\)", out)
 
 
 # --- fault tolerance --------------------------------------------------------------------

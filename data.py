@@ -3,6 +3,8 @@
     python data.py --data sample --out cache --vocab-size 8192     # the bundled Shakespeare corpus, offline
     python data.py --data my_corpus/ --out cache                    # .txt / .jsonl / .jsonl.gz / .parquet files
     python data.py --data fineweb --fineweb-shards 4 --out cache    # FineWeb-Edu parquet shards over HTTPS
+    python data.py --data "sample:0.7,fineweb2:fra_Latn:0.3"        # a mixture; FineWeb-2 row groups by Range requests
+    python data.py --data "sample,fr/" --mix-temperature 3.3        # weights from the sizes, as XLM samples languages
 
 Pipeline (each stage is a small function below; prepare_data() runs them all and caches the result):
 1. Sources. Documents are streamed file by file, never loaded whole, so RAM stays flat on big corpora.
@@ -21,6 +23,9 @@ Pipeline (each stage is a small function below; prepare_data() runs them all and
    state is just the position and resuming reproduces the uninterrupted stream bit for bit.
    MLM masking follows BERT (Devlin et al. 2019, sec. 3.1: 80% [MASK], 10% random token, 10% unchanged) at
    cramming's 25% rate, with exactly k = round(mask_rate * T) masked positions per sequence (static shapes).
+Mixtures (several sources, each with a weight) share one tokenizer trained on a sample in the mixture's
+proportions; each source keeps its own shards and val split, and MixtureLoader gives block k of the stream to a
+source by a fixed, evenly spread pattern (mixture_pattern), so everything above still holds for them.
 """
 import argparse
 import base64
@@ -312,7 +317,8 @@ def download_fineweb2(lang, out_dir, max_chars, base_url=FINEWEB2_URL, progress=
                                 return paths
                             raise
                         if "text" not in remote.schema_arrow.names:
-                            raise ValueError(f"{url}: no 'text' column (columns: {', '.join(remote.schema_arrow.names)})")
+                            names = ", ".join(remote.schema_arrow.names)
+                            raise ValueError(f"{url}: no 'text' column (columns: {names})")
                     if group >= remote.num_row_groups:
                         break
                     texts = [t or "" for t in remote.read_row_group(group, columns=["text"]).column(0).to_pylist()]
@@ -743,8 +749,8 @@ def _write_shards(tmp, files, sep, itemsize, settings, workers, progress, prefix
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     init_args = (os.path.join(tmp, "tokenizer.json"), settings["clean"], os.cpu_count() or 1)
     try:
-        for digest, nbytes, removed, nchars, nwords, toks in tqdm(_encoded(files, workers, init_args), desc="tokenizing",
-                                                          unit="doc", disable=not progress):
+        for digest, nbytes, removed, nchars, nwords, toks in tqdm(_encoded(files, workers, init_args),
+                                                                  desc="tokenizing", unit="doc", disable=not progress):
             kept = nbytes - sum(removed.values())  # UTF-8 bytes left after cleaning
             report["documents_in"] += 1
             report["bytes_in"] += nbytes
@@ -879,7 +885,7 @@ def _prepare_mixture(mixture, temperature, cache_dir, common, resolve, max_token
         sources.append({"name": name, "source": entry["source"], "weight": entry["weight"], "files": files,
                         "identity": identity})
     names = [s["name"] for s in sources]
-    for i, s in enumerate(sources):  # two folders both named data/: data and data-2
+    for i, s in enumerate(sources):  # two folders both named data/ become data-1 and data-2
         if names.count(s["name"]) > 1:
             s["name"] = f"{s['name']}-{names[:i + 1].count(s['name'])}"
     if temperature is not None and any(downloads(s["source"]) for s in sources):
@@ -1009,7 +1015,7 @@ class Loader:
         if not 0 < mask_rate < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 < mask_rate < 1 and 0 <= rank < world_size "
                              f"(got {mask_rate}, {rank}, {world_size})")
-        self.shards = [read_shard(p) for p in shards]
+        self.shards = [np.asarray(read_shard(p)) for p in shards]  # plain views: memmap indexing costs more
         self.starts = np.cumsum([0] + [len(s) for s in self.shards])  # shard i holds stream ids starts[i]..
         self.n_tokens = int(self.starts[-1])
         if self.n_tokens == 0:
@@ -1045,14 +1051,20 @@ class Loader:
             perm = self._perms[epoch] = np.append(order, n_full) if self.shuffle else np.arange(n_full + 1)
         return perm
 
-    def _read(self, pos):
-        """(B, L) absolute stream positions -> (B, L) int64 tokens."""
-        first, last = int(pos[0, 0]) // self.n_tokens, int(pos[-1, -1]) // self.n_tokens
-        epoch = np.full_like(pos, first) if first == last else pos // self.n_tokens
-        block, offset = np.divmod(pos - epoch * self.n_tokens, self.block)
-        for e in range(first, last + 1):  # usually one epoch per batch; tiny corpora wrap several times
-            sel = slice(None) if first == last else epoch == e
-            block[sel] = self._perm(e)[block[sel]]
+    def _read(self, pos, shift=0):
+        """(B, L) ascending stream positions, plus shift (where a mixture's run of blocks starts in this stream)
+        -> (B, L) int64 tokens."""
+        n = self.n_tokens
+        first, last = (int(pos[0, 0]) + shift) // n, (int(pos[-1, -1]) + shift) // n
+        if first == last:  # usually one epoch per batch
+            block, offset = np.divmod(pos + (shift - first * n), self.block)
+            block = self._perm(first)[block]
+        else:              # tiny corpora wrap several times
+            epoch = (pos + shift) // n
+            block, offset = np.divmod(pos + shift - epoch * n, self.block)
+            for e in range(first, last + 1):
+                sel = epoch == e
+                block[sel] = self._perm(e)[block[sel]]
         src = block * self.block + offset
         if len(self.shards) == 1:
             return self.shards[0][src].astype(np.int64)
@@ -1150,7 +1162,8 @@ class MixtureLoader(Loader):
         self.names, self.weights = [s["name"] for s in sources], [s["weight"] for s in sources]
         self.parts = [Loader(s["files"], n_ordinary, special, objective, seed, 0, 1, mask_rate, "cpu", shuffle,
                              block_tokens, prefetch=False) for s in sources]  # only their _read is used
-        self.pattern, self.nth, self.n_blocks = mixture_pattern(self.weights)
+        # as Python lists: _read looks up a few blocks per batch, where numpy's per-call cost would dominate
+        self.pattern, self.nth, self.n_blocks = (a.tolist() for a in mixture_pattern(self.weights))
 
     def state_dict(self):
         return {**super().state_dict(), "sources": [{"name": name, "weight": w, "n_tokens": part.n_tokens}
@@ -1170,26 +1183,28 @@ class MixtureLoader(Loader):
 
     def _read(self, pos):
         """(B, L) global stream positions -> (B, L) int64 tokens. Positions ascend through the batch, row after
-        row, so a batch is a few runs of consecutive blocks of one source each, and within a run a position in the
-        source's own stream is the global position plus a constant: one addition, then the source's _read."""
-        P, flat = len(self.pattern), pos.reshape(-1)
-        k = np.arange(flat[0] // self.block, flat[-1] // self.block + 1)  # the blocks this batch touches
-        source = self.pattern[k % P]
-        shift = ((k // P) * self.n_blocks[source] + self.nth[k % P] - k) * self.block
-        run = np.flatnonzero(np.diff(source)) + 1                         # blocks where the source changes
-        if run.size == 0:
-            return self.parts[source[0]]._read(pos + shift[0])
-        edges = [0, *np.searchsorted(flat, k[run] * self.block), flat.size]
+        row, so a batch is a few runs of consecutive blocks of one source each (a batch spans a few blocks), and
+        within a run a position in the source's stream is the global one plus a constant, which its _read adds."""
+        flat, P = pos.reshape(-1), len(self.pattern)
+        runs = []                                        # [source, shift, first global block] per run
+        for k in range(int(flat[0]) // self.block, int(flat[-1]) // self.block + 1):
+            s = self.pattern[k % P]
+            if not runs or runs[-1][0] != s:             # a new run; its block k is the source's block j
+                j = (k // P) * self.n_blocks[s] + self.nth[k % P]
+                runs.append([s, (j - k) * self.block, k])
+        if len(runs) == 1:                               # the usual case: the batch lies in one run
+            return self.parts[runs[0][0]]._read(pos, runs[0][1])
+        edges = [0, *np.searchsorted(flat, [k * self.block for _, _, k in runs[1:]]), flat.size]
         out = np.empty(flat.shape, dtype=np.int64)
-        for i, a, b in zip([0, *run], edges[:-1], edges[1:]):
-            out[a:b] = self.parts[source[i]]._read(flat[None, a:b] + shift[i])[0]
+        for (s, shift, _), a, b in zip(runs, edges[:-1], edges[1:]):
+            out[a:b] = self.parts[s]._read(flat[None, a:b], shift)[0]
         return out.reshape(pos.shape)
 
     def tokens_drawn(self):
         """{source: tokens the stream has taken from it so far} (all ranks together)."""
         P = len(self.pattern)
         k, offset = divmod(self.position, self.block)
-        blocks = (k // P) * self.n_blocks + np.bincount(self.pattern[:k % P], minlength=len(self.parts))
+        blocks = (k // P) * np.array(self.n_blocks) + np.bincount(self.pattern[:k % P], minlength=len(self.parts))
         drawn = blocks * self.block
         drawn[self.pattern[k % P]] += offset
         return dict(zip(self.names, drawn.tolist()))
@@ -1281,8 +1296,9 @@ def main(argv=None):
     print(f"tokens:          {meta['train_tokens']:,} train / {meta['val_tokens']:,} val "
           f"({r['bytes_out'] / max(1, meta['train_tokens'] + meta['val_tokens']):.2f} bytes/token)")
     for s in meta.get("sources", []):
-        print(f"  {s['name'] + ':':16s} weight {s['weight']:.3f}, {s['train_tokens']:,} train / {s['val_tokens']:,} val "
-              f"tokens, {s['bytes_per_token']:.2f} bytes/token, {s['tokens_per_word']:.2f} tokens/word")
+        print(f"  {s['name'] + ':':16s} weight {s['weight']:.3f}, {s['train_tokens']:,} train / "
+              f"{s['val_tokens']:,} val tokens, {s['bytes_per_token']:.2f} bytes/token, "
+              f"{s['tokens_per_word']:.2f} tokens/word")
     print(f"summary json:    {os.path.join(meta['dir'], 'meta.json')}")
     return meta
 

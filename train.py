@@ -66,14 +66,15 @@ def parse_args(argv=None):
     g.add_argument("--data", default="fineweb", help="'fineweb' (download FineWeb-Edu shards), 'sample' (bundled "
                    "Shakespeare), 'fineweb2:LANG' (FineWeb-2, e.g. fineweb2:fra_Latn), a file/folder of "
                    ".txt/.jsonl/.jsonl.gz/.parquet, or a mixture 'SOURCE:WEIGHT,SOURCE:WEIGHT,...' (docs/data.md)")
-    g.add_argument("--mix-temperature", type=float, default=None,
+    g.add_argument("--mix-temperature", type=float, default=None, metavar="T",
                    help="weight the --data sources by size^(1/T), size in characters (XLM, BLOOM): 1 = by size, "
                    "larger = flatter; the sources then take no weights")
     g.add_argument("--cache", default="cache", help="folder for downloads, tokenizer and token shards")
     g.add_argument("--vocab-size", type=int, default=None,
                    help="tokenizer vocabulary (default: by model, 512 for tiny up to cramming's 32768 for base)")
     g.add_argument("--tokenizer", default="train", help="'train' (own BPE), 'gpt2', 'cl100k_base' or a tokenizer.json")
-    g.add_argument("--lowercase", action="store_true", help="lowercase and strip accents before tokenizing")
+    g.add_argument("--lowercase", action="store_true", help="lowercase and strip accents before tokenizing "
+                   "(English-centric: other languages lose distinctions)")
     g.add_argument("--fineweb-shards", type=int, default=None,
                    help="FineWeb-Edu shards to download (default: as many as the budget should consume)")
     g = p.add_argument_group("model")

@@ -3,6 +3,8 @@
     python data.py --data sample --out cache --vocab-size 8192     # the bundled Shakespeare corpus, offline
     python data.py --data my_corpus/ --out cache                    # .txt / .jsonl / .jsonl.gz / .parquet files
     python data.py --data fineweb --fineweb-shards 4 --out cache    # FineWeb-Edu parquet shards over HTTPS
+    python data.py --data "sample:0.7,fineweb2:fra_Latn:0.3"        # a mixture; FineWeb-2 row groups by Range requests
+    python data.py --data "sample,fr/" --mix-temperature 3.3        # weights from the sizes, as XLM samples languages
 
 Pipeline (each stage is a small function below; prepare_data() runs them all and caches the result):
 1. Sources. Documents are streamed file by file, never loaded whole, so RAM stays flat on big corpora.
@@ -21,6 +23,9 @@ Pipeline (each stage is a small function below; prepare_data() runs them all and
    state is just the position and resuming reproduces the uninterrupted stream bit for bit.
    MLM masking follows BERT (Devlin et al. 2019, sec. 3.1: 80% [MASK], 10% random token, 10% unchanged) at
    cramming's 25% rate, with exactly k = round(mask_rate * T) masked positions per sequence (static shapes).
+Mixtures (several sources, each with a weight) share one tokenizer trained on a sample in the mixture's
+proportions; each source keeps its own shards and val split, and MixtureLoader gives block k of the stream to a
+source by a fixed, evenly spread pattern (mixture_pattern), so everything above still holds for them.
 """
 import argparse
 import base64
@@ -31,10 +36,13 @@ import contextlib
 import gzip
 import hashlib
 import http.client
+import io
+import itertools
 import json
 import math
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import struct
@@ -54,6 +62,10 @@ from model import VOCAB_MULTIPLE, atomic_write, round_up  # one definition each,
 SAMPLE_CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpora", "shakespeare.jsonl.gz")
 FINEWEB_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
 FINEWEB_TOKENS_PER_SHARD = 55e6  # ~250 M characters per shard at ~4.5 characters per token (32K BPE)
+FINEWEB2_URL = "https://huggingface.co/datasets/HuggingFaceFW/fineweb-2/resolve/main"
+FINEWEB2_LANG = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # ISO 639-3 language _ ISO 15924 script, as in fra_Latn
+FINEWEB2_CHARS_PER_TOKEN = 5.0  # characters fetched per budgeted token: generous, as languages compress unlike
+FINEWEB2_DEFAULT_CHARS = 250e6  # without a token budget: about one FineWeb-Edu shard's worth
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 DOWNLOAD_BACKOFF_S = 2.0      # first retry wait of a failed download (seconds), doubling per retry
 TXT_DOC_CHARS = 65536          # a .txt file is cut at blank lines into documents of about this many characters
@@ -71,6 +83,7 @@ SHARD_HEADER = struct.Struct("<8sIIQ8x")  # magic, version, bytes per token (2 o
 SHARD_TOKENS = 1 << 27         # tokens per shard file before a new one starts (256 MB as uint16)
 PREPARE_VERSION = 1            # bump when prepare_data's output changes, so old caches are not reused
 BLOCK_TOKENS = 8192            # shuffle granularity of the training stream
+MIX_PERIOD = 10_000            # a mixture's block pattern repeats every this many blocks: weights to 1/10,000
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -157,18 +170,44 @@ def shards_for_tokens(n_tokens):
 OFFLINE_HINT = "use --data sample (bundled corpus) or --data PATH (local .txt/.jsonl/.parquet)"
 
 
+class HTTPStatusError(ValueError):
+    """A request the server refused (HTTP 4xx): the one-line message, and the status for callers that expect one."""
+
+    def __init__(self, message, status):
+        super().__init__(message)
+        self.status = status
+
+
+def _retrying(url, attempt, retries, backoff_s, hint):
+    """attempt() until it returns. Network errors, 5xx answers and short reads (OSError) are retried after
+    backoff_s, 2*backoff_s, ... (default DOWNLOAD_BACKOFF_S); a 4xx answer fails at once. Failure is a one-line
+    ValueError naming the URL, the reason and `hint` (what to do offline)."""
+    backoff_s = DOWNLOAD_BACKOFF_S if backoff_s is None else backoff_s
+    error = None
+    for i in range(retries):
+        if i:
+            time.sleep(backoff_s * 2 ** (i - 1))
+        try:
+            return attempt()
+        except urllib.error.HTTPError as e:
+            if 400 <= e.code < 500:
+                raise HTTPStatusError(f"cannot download {url}: HTTP {e.code} {e.reason}; {hint}", e.code) from None
+            error = e
+        except (OSError, http.client.HTTPException) as e:  # URLError (offline, refused), timeouts, short reads
+            error = e
+    reason = getattr(error, "reason", error)
+    raise ValueError(f"cannot download {url} after {retries} tries ({reason}); offline? {hint}")
+
+
 def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress=True, hint=OFFLINE_HINT):
     """Download url to dest: resumes a dest.partial with an HTTP Range request, retries with exponential
-    backoff (backoff_s, 2*backoff_s, ...; default DOWNLOAD_BACKOFF_S), checks the byte count against
-    Content-Length/Content-Range and renames into place at the end. Existing files are not fetched again.
-    Failure is a one-line ValueError naming the URL, the reason and `hint` (what to do offline)."""
-    backoff_s = DOWNLOAD_BACKOFF_S if backoff_s is None else backoff_s
+    backoff (_retrying), checks the byte count against Content-Length/Content-Range and renames into place at
+    the end. Existing files are not fetched again. Failure is a one-line ValueError (see _retrying)."""
     if os.path.exists(dest):
         return dest
-    part, error = dest + ".partial", None
-    for attempt in range(retries):
-        if attempt:
-            time.sleep(backoff_s * 2 ** (attempt - 1))
+    part = dest + ".partial"
+
+    def attempt():
         have = os.path.getsize(part) if os.path.exists(part) else 0
         request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
         try:
@@ -183,21 +222,17 @@ def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress
                     while chunk := resp.read(1 << 20):
                         f.write(chunk)
                         bar.update(len(chunk))
-            size = os.path.getsize(part)
-            if total >= 0 and size != total:
-                raise OSError(f"got {size} bytes, expected {total}")
-            os.replace(part, dest)
-            return dest
         except urllib.error.HTTPError as e:
-            if e.code == 416 and os.path.exists(part):  # the partial file does not fit the remote file
+            if e.code == 416 and os.path.exists(part):  # the partial file does not fit the remote file: retry anew
                 os.remove(part)
-            elif 400 <= e.code < 500:
-                raise ValueError(f"cannot download {url}: HTTP {e.code} {e.reason}; {hint}") from None
-            error = e
-        except (OSError, http.client.HTTPException) as e:  # URLError (offline, refused), timeouts, short reads
-            error = e
-    reason = getattr(error, "reason", error)
-    raise ValueError(f"cannot download {url} after {retries} tries ({reason}); offline? {hint}")
+                raise OSError(f"HTTP 416 {e.reason}") from None
+            raise
+        size = os.path.getsize(part)
+        if total >= 0 and size != total:
+            raise OSError(f"got {size} bytes, expected {total}")
+        os.replace(part, dest)
+        return dest
+    return _retrying(url, attempt, retries, backoff_s, hint)
 
 
 def download_fineweb(n_shards, out_dir, base_url=FINEWEB_URL, **kwargs):
@@ -205,6 +240,96 @@ def download_fineweb(n_shards, out_dir, base_url=FINEWEB_URL, **kwargs):
     os.makedirs(out_dir, exist_ok=True)
     return [download_file(f"{base_url.rstrip('/')}/shard_{i:05d}.parquet",
                           os.path.join(out_dir, f"shard_{i:05d}.parquet"), **kwargs) for i in range(n_shards)]
+
+
+def fetch_range(url, start, end, retries=5, backoff_s=None, timeout_s=60.0, hint=OFFLINE_HINT):
+    """(bytes start..end-1 of a remote file, the file's size) by one HTTP Range request, retried like
+    download_file. A short answer is retried; a server that ignores Range is a one-line error, never a silent
+    download of the whole (multi-GB) file."""
+    def attempt():
+        request = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end - 1}"})
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            if resp.status != 206:
+                raise ValueError(f"cannot fetch part of {url}: the server ignores HTTP Range requests "
+                                 f"(status {resp.status})")
+            size = int(resp.headers.get("Content-Range", "/-1").rsplit("/", 1)[1])
+            body = resp.read()
+        if len(body) != min(end, size) - start:
+            raise OSError(f"got {len(body)} bytes of {url} at {start}, expected {min(end, size) - start}")
+        return body, size
+    return _retrying(url, attempt, retries, backoff_s, hint)
+
+
+class RemoteFile(io.RawIOBase):
+    """A remote file read through HTTP Range requests (fetch_range), for pyarrow: it reads a parquet file's
+    footer and then only the column chunks asked for, so one row group is fetched without the file around it."""
+
+    def __init__(self, url, **kwargs):
+        super().__init__()
+        self.url, self.kwargs, self.pos = url, kwargs, 0
+        self.size = fetch_range(url, 0, 1, **kwargs)[1]  # Content-Range carries the size
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, offset, whence=os.SEEK_SET):
+        self.pos = [offset, self.pos + offset, self.size + offset][whence]
+        return self.pos
+
+    def read(self, n=-1):
+        end = self.size if n is None or n < 0 else min(self.size, self.pos + n)
+        if end <= self.pos:
+            return b""
+        body, _ = fetch_range(self.url, self.pos, end, **self.kwargs)
+        self.pos = end
+        return body
+
+
+def download_fineweb2(lang, out_dir, max_chars, base_url=FINEWEB2_URL, progress=True, **kwargs):
+    """FineWeb-2 text of one language (lang_Script, e.g. fra_Latn) until it holds max_chars characters: the row
+    groups of data/<lang>/train/000_00000.parquet, then 000_00001.parquet, ... (until one is missing). The files
+    are GBs, so each row group's text column is fetched alone by Range requests (RemoteFile) and saved as a small
+    parquet file, out_dir/000_00000-00003.parquet for row group 3, written atomically with its character count
+    in the schema metadata. An interrupted download resumes at the next row group; a larger budget adds files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    os.makedirs(out_dir, exist_ok=True)
+    hint = f"is {lang} a FineWeb-2 language (data/{lang}/ on the dataset's page)? Else {OFFLINE_HINT}"
+    paths, chars = [], 0
+    with tqdm(total=int(max_chars), unit="char", unit_scale=True, desc=f"fineweb2 {lang}",
+              disable=not progress) as bar:
+        for i in itertools.count():
+            url, remote = f"{base_url.rstrip('/')}/data/{lang}/train/000_{i:05d}.parquet", None
+            for group in itertools.count():
+                path = os.path.join(out_dir, f"000_{i:05d}-{group:05d}.parquet")
+                if not os.path.exists(path):
+                    if remote is None:  # the footer, fetched only when a row group is missing here
+                        try:
+                            remote = pq.ParquetFile(RemoteFile(url, hint=hint, **kwargs))
+                        except HTTPStatusError as e:
+                            if e.status == 404 and paths:  # the language has no more files: use what we have
+                                return paths
+                            raise
+                        if "text" not in remote.schema_arrow.names:
+                            names = ", ".join(remote.schema_arrow.names)
+                            raise ValueError(f"{url}: no 'text' column (columns: {names})")
+                    if group >= remote.num_row_groups:
+                        break
+                    texts = [t or "" for t in remote.read_row_group(group, columns=["text"]).column(0).to_pylist()]
+                    table = pa.table({"text": texts}).replace_schema_metadata({"chars": str(sum(map(len, texts)))})
+                    atomic_write(path, lambda f: pq.write_table(table, f))
+                n = int(pq.read_schema(path).metadata[b"chars"])
+                paths.append(path)
+                chars += n
+                bar.update(n)
+                if chars >= max_chars:
+                    return paths
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -372,12 +497,12 @@ def _init_worker(tokenizer_path, clean_kwargs, threads):
 
 
 def _encode_docs(docs):
-    """Worker: clean + encode documents -> [(digest, raw bytes, {step: bytes removed}, chars, ids)]."""
+    """Worker: clean + encode documents -> [(digest, raw bytes, {step: bytes removed}, chars, words, ids)]."""
     enc, dtype = _WORKER["enc"], np.uint16 if _WORKER["enc"].n_vocab <= 1 << 16 else np.uint32
     cleaned = [clean_text(d, **_WORKER["clean"]) for d in docs]
     # whitespace-only documents count as empty: they encode to nothing and are dropped
     ids = enc.encode_ordinary_batch([t if t.strip() else "" for t, _ in cleaned], num_threads=_WORKER["threads"])
-    return [(_digest(t), len(d.encode("utf-8")), rm, len(t), np.array(i, dtype=dtype))
+    return [(_digest(t), len(d.encode("utf-8")), rm, len(t), len(t.split()), np.array(i, dtype=dtype))
             for d, (t, rm), i in zip(docs, cleaned, ids)]
 
 
@@ -429,8 +554,18 @@ def _training_texts(files, clean_kwargs, max_chars):
                 return
 
 
-def _resolve(data, cache_dir, fineweb_shards, max_tokens, fineweb_url, progress):
-    """data -> (short name, corpus files, identity for the cache key)."""
+def _resolve(data, cache_dir, fineweb_shards, max_tokens, fineweb_url, progress, fineweb2_url=FINEWEB2_URL):
+    """data (one source) -> (short name, corpus files, identity for the cache key). Downloads are sized by
+    max_tokens (training tokens wanted from this source), when given."""
+    if data.startswith("fineweb2:"):
+        lang = data.split(":", 1)[1]
+        if not FINEWEB2_LANG.fullmatch(lang):
+            raise ValueError(f"--data {data}: FineWeb-2 names a language as lang_Script, e.g. fineweb2:fra_Latn "
+                             "(an ISO 639-3 code and an ISO 15924 script)")
+        chars = max_tokens * FINEWEB2_CHARS_PER_TOKEN if max_tokens else FINEWEB2_DEFAULT_CHARS
+        files = download_fineweb2(lang, os.path.join(cache_dir, "fineweb2", lang), chars, fineweb2_url,
+                                  progress=progress)
+        return lang, files, [fineweb2_url, lang, [os.path.basename(f) for f in files]]
     if data == "sample":
         return "sample", [SAMPLE_CORPUS], [os.path.basename(SAMPLE_CORPUS), os.path.getsize(SAMPLE_CORPUS)]
     if data == "fineweb":
@@ -445,27 +580,45 @@ def _resolve(data, cache_dir, fineweb_shards, max_tokens, fineweb_url, progress)
 def prepare_data(data="sample", cache_dir="cache", vocab_size=32768, tokenizer="train", normalize="NFC",
                  lowercase=False, strip_accents=False, dedup=True, max_tokens_per_char=None, val_fraction=0.05,
                  max_val_tokens=10_000_000, tokenizer_chars=TOKENIZER_CHARS, fineweb_shards=None, max_tokens=None,
-                 fineweb_url=FINEWEB_URL, workers=None, shard_tokens=SHARD_TOKENS, progress=True):
+                 fineweb_url=FINEWEB_URL, workers=None, shard_tokens=SHARD_TOKENS, progress=True,
+                 mix_temperature=None, fineweb2_url=FINEWEB2_URL):
     """Everything train.py needs, as a plain dict (also saved as <cache_dir>/<name>-<key>/meta.json).
 
     data: "sample" (bundled), "fineweb" (download fineweb_shards shards, or enough for max_tokens tokens,
-    default 1; max_tokens sizes only the download), or a file/folder path. tokenizer: "train" (rustbpe on the
-    first tokenizer_chars characters), "gpt2"/"cl100k_base" (stock tiktoken + our specials) or a tokenizer.json
-    path. The val split stops growing at max_val_tokens. The result is cached under a key of all settings and
-    the files' sizes and mtimes: the same settings again return it ("reused": True). The folder appears by one
-    atomic rename, so a failed run leaves no partial shard or tokenizer."""
+    default 1; max_tokens sizes only the download), "fineweb2:LANG" (FineWeb-2 row groups for max_tokens), a
+    file/folder path, or a mixture of these, "a:0.7,b:0.3" or weighted by mix_temperature (parse_mixture,
+    _prepare_mixture). tokenizer: "train" (rustbpe on the first tokenizer_chars characters), "gpt2"/"cl100k_base"
+    (stock tiktoken + our specials) or a tokenizer.json path. The val split stops growing at max_val_tokens.
+    The result is cached under a key of all settings and the files' sizes and mtimes: the same settings again
+    return it ("reused": True). The folder appears by one atomic rename, so a failed run leaves no partial shard
+    or tokenizer."""
     _check_settings(cache_dir, vocab_size, val_fraction, max_val_tokens, tokenizer_chars, fineweb_shards, max_tokens,
-                    max_tokens_per_char, workers)
-    name, files, identity = _resolve(data, cache_dir, fineweb_shards, max_tokens, fineweb_url, progress)
+                    max_tokens_per_char, workers, mix_temperature)
+    mixture = parse_mixture(data, mix_temperature)
     clean_kwargs = dict(normalize=normalize, lowercase=lowercase, strip_accents=strip_accents)
     tok_id = tokenizer if tokenizer in ("train", "gpt2", "cl100k_base") else \
         [os.path.abspath(tokenizer), os.path.getsize(tokenizer) if os.path.exists(tokenizer) else -1]
-    settings = dict(version=PREPARE_VERSION, source=identity, vocab_size=vocab_size, tokenizer=tok_id,
-                    clean=clean_kwargs, dedup=dedup, max_tokens_per_char=max_tokens_per_char,
-                    val_fraction=val_fraction, max_val_tokens=max_val_tokens, tokenizer_chars=tokenizer_chars,
-                    shard_tokens=shard_tokens)
+    common = dict(vocab_size=vocab_size, tokenizer=tok_id, clean=clean_kwargs, dedup=dedup,
+                  max_tokens_per_char=max_tokens_per_char, val_fraction=val_fraction, max_val_tokens=max_val_tokens,
+                  tokenizer_chars=tokenizer_chars, shard_tokens=shard_tokens)
+    resolve = lambda source, tokens: _resolve(source, cache_dir, fineweb_shards, tokens, fineweb_url,  # noqa: E731
+                                              progress, fineweb2_url)
+    if len(mixture) > 1:
+        return _prepare_mixture(mixture, mix_temperature, cache_dir, common, resolve, max_tokens, tokenizer,
+                                workers, progress)
+    name, files, identity = resolve(mixture[0]["source"], max_tokens)
+    settings = dict(version=PREPARE_VERSION, source=identity, **common)
+    return _build_once(_cache_folder(cache_dir, name, settings),
+                       lambda tmp: _prepare_into(tmp, files, data, settings, tokenizer, workers, progress))
+
+
+def _cache_folder(cache_dir, name, settings):
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    out = os.path.join(cache_dir, f"{name}-{key}")
+    return os.path.join(cache_dir, f"{name}-{key}")
+
+
+def _build_once(out, build):
+    """out's prepared data if it exists ("reused"), else build(tmp) into OUT.<pid>.tmp, renamed to out at the end."""
     if os.path.exists(os.path.join(out, "meta.json")):
         return {**load_meta(out), "reused": True}
     _remove_stale_temps(out)
@@ -473,7 +626,7 @@ def prepare_data(data="sample", cache_dir="cache", vocab_size=32768, tokenizer="
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        _prepare_into(tmp, files, data, settings, tokenizer, workers, progress)
+        build(tmp)
         try:
             os.replace(tmp, out)
         except OSError:  # another process finished the same preparation first: use its result
@@ -485,7 +638,7 @@ def prepare_data(data="sample", cache_dir="cache", vocab_size=32768, tokenizer="
 
 
 def _check_settings(cache_dir, vocab_size, val_fraction, max_val_tokens, tokenizer_chars, fineweb_shards,
-                    max_tokens, max_tokens_per_char, workers):
+                    max_tokens, max_tokens_per_char, workers, mix_temperature=None):
     """One-line errors (ValueError) for settings that would prepare nothing useful, before any work."""
     rules = [("vocab_size", vocab_size, vocab_size >= 64, ">= 64"),
              ("val_fraction", val_fraction, 0 < val_fraction <= 0.5, "in (0, 0.5]: training needs a held-out split"),
@@ -494,7 +647,9 @@ def _check_settings(cache_dir, vocab_size, val_fraction, max_val_tokens, tokeniz
              ("fineweb_shards", fineweb_shards, fineweb_shards is None or fineweb_shards >= 1, ">= 1"),
              ("max_tokens", max_tokens, max_tokens is None or max_tokens > 0, "> 0"),
              ("max_tokens_per_char", max_tokens_per_char, max_tokens_per_char is None or max_tokens_per_char > 0, "> 0"),
-             ("workers", workers, workers is None or workers >= 1, ">= 1")]
+             ("workers", workers, workers is None or workers >= 1, ">= 1"),
+             ("mix_temperature", mix_temperature,
+              mix_temperature is None or (math.isfinite(mix_temperature) and mix_temperature > 0), "> 0")]
     for name, value, ok, rule in rules:
         if not ok:
             raise ValueError(f"--{name.replace('_', '-')} must be {rule} (got {value!r})")
@@ -542,46 +697,60 @@ def _alive(pid):
 
 def _prepare_into(tmp, files, data, settings, tokenizer, workers, progress):
     """Tokenizer + shards + meta.json into the folder tmp."""
-    if tokenizer == "train":
-        enc = train_tokenizer(_training_texts(files, settings["clean"], settings["tokenizer_chars"]),
-                              settings["vocab_size"])
-        if enc.n_vocab < round_up(settings["vocab_size"], VOCAB_MULTIPLE):
-            print(f"note: the tokenizer learned {enc.n_vocab} tokens, fewer than the {settings['vocab_size']} asked "
-                  f"for: {settings['tokenizer_chars']:,} characters of this corpus hold no more merges (raise "
-                  "--tokenizer-chars, or give a bigger corpus)", file=sys.stderr)
-    else:
-        enc = stock_tokenizer(tokenizer) if tokenizer in ("gpt2", "cl100k_base") else load_tokenizer(tokenizer)
+    enc = _make_tokenizer(_training_texts(files, settings["clean"], settings["tokenizer_chars"]), settings, tokenizer)
     save_tokenizer(enc, os.path.join(tmp, "tokenizer.json"))
     itemsize = 2 if enc.n_vocab <= 1 << 16 else 4
     splits, report = _write_shards(tmp, files, special_ids(enc)["sep"], itemsize, settings, workers, progress)
+    _check_kept(data, splits, report)
+    meta = _meta(settings, enc, itemsize, report, splits)
+    atomic_write(os.path.join(tmp, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+
+
+def _make_tokenizer(texts, settings, tokenizer):
+    """The tokenizer: trained on texts (an iterable of str, read only here) or a stock or saved one."""
+    if tokenizer != "train":
+        return stock_tokenizer(tokenizer) if tokenizer in ("gpt2", "cl100k_base") else load_tokenizer(tokenizer)
+    enc = train_tokenizer(texts, settings["vocab_size"])
+    if enc.n_vocab < round_up(settings["vocab_size"], VOCAB_MULTIPLE):
+        print(f"note: the tokenizer learned {enc.n_vocab} tokens, fewer than the {settings['vocab_size']} asked "
+              f"for: {settings['tokenizer_chars']:,} characters of this corpus hold no more merges (raise "
+              "--tokenizer-chars, or give a bigger corpus)", file=sys.stderr)
+    return enc
+
+
+def _check_kept(data, splits, report):
     if report["documents_in"] == 0:
         raise ValueError(f"{data}: no documents found (empty corpus)")
     if splits["train"]["tokens"] == 0:
         raise ValueError(f"{data}: no training documents left after cleaning ({report['documents_out']} kept of "
                          f"{report['documents_in']}; a train/val split needs at least 2)")
-    meta = {"settings": settings, "tokenizer": "tokenizer.json", "n_vocab": enc.n_vocab,
+
+
+def _meta(settings, enc, itemsize, report, splits):
+    """meta.json's fields (paths relative to the folder; load_meta makes them absolute)."""
+    return {"settings": settings, "tokenizer": "tokenizer.json", "n_vocab": enc.n_vocab,
             "n_ordinary": n_ordinary(enc), "special_ids": special_ids(enc), "itemsize": itemsize, "report": report,
             **{s: sp["files"] for s, sp in splits.items()},
             **{f"{s}_tokens": sp["tokens"] for s, sp in splits.items()},
             **{f"{s}_documents": sp["documents"] for s, sp in splits.items()}}
-    atomic_write(os.path.join(tmp, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
 
-def _write_shards(tmp, files, sep, itemsize, settings, workers, progress):
+def _write_shards(tmp, files, sep, itemsize, settings, workers, progress, prefix=""):
     """Stream the corpus through the workers; drop empty, duplicate and incompressible documents; append the
-    rest (each followed by [SEP]) to train_00000.bin ... / val_00000.bin ... Returns (splits, report)."""
+    rest (each followed by [SEP]) to train_00000.bin ... / val_00000.bin ... (after prefix, a mixture's source
+    folder). Returns (splits, report); splits also count the kept documents' whitespace words."""
     report = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "invalid_utf8": {},
               "removed": {s: {"documents": 0, "bytes": 0} for s in
                           ("normalize", "lowercase", "strip_accents", "empty", "duplicate", "compressibility")}}
-    splits = {s: {"files": [], "tokens": 0, "documents": 0, "f": None, "n": 0} for s in ("train", "val")}
+    splits = {s: {"files": [], "tokens": 0, "documents": 0, "words": 0, "f": None, "n": 0} for s in ("train", "val")}
     val_every = round(1 / settings["val_fraction"]) if settings["val_fraction"] > 0 else 0
     max_tpc, seen, sep = settings["max_tokens_per_char"], set(), np.array([sep], dtype=f"<u{itemsize}").tobytes()
     _UTF8["replaced"].clear()
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     init_args = (os.path.join(tmp, "tokenizer.json"), settings["clean"], os.cpu_count() or 1)
     try:
-        for digest, nbytes, removed, nchars, toks in tqdm(_encoded(files, workers, init_args), desc="tokenizing",
-                                                          unit="doc", disable=not progress):
+        for digest, nbytes, removed, nchars, nwords, toks in tqdm(_encoded(files, workers, init_args),
+                                                                  desc="tokenizing", unit="doc", disable=not progress):
             kept = nbytes - sum(removed.values())  # UTF-8 bytes left after cleaning
             report["documents_in"] += 1
             report["bytes_in"] += nbytes
@@ -602,13 +771,14 @@ def _write_shards(tmp, files, sep, itemsize, settings, workers, progress):
             report["documents_out"] += 1
             report["bytes_out"] += kept
             if sp["f"] is None:  # start a new shard file, header zeroed until the count is known
-                sp["files"].append(f"{split}_{len(sp['files']):05d}.bin")
+                sp["files"].append(f"{prefix}{split}_{len(sp['files']):05d}.bin")
                 sp["f"], sp["n"] = open(os.path.join(tmp, sp["files"][-1]), "wb"), 0
                 sp["f"].write(bytes(SHARD_HEADER.size))
             sp["f"].write(toks.astype(f"<u{itemsize}", copy=False).tobytes() + sep)
             sp["n"] += toks.size + 1
             sp["tokens"] += toks.size + 1
             sp["documents"] += 1
+            sp["words"] += nwords
             if sp["n"] >= settings["shard_tokens"]:
                 _close_shard(sp, itemsize)
         for sp in splits.values():
@@ -631,8 +801,172 @@ def load_meta(path):
     except (OSError, ValueError) as e:
         raise ValueError(f"{os.path.join(folder, 'meta.json')}: cannot read prepared data ({e})") from None
     join = lambda p: os.path.join(os.path.abspath(folder), p)
-    return {**meta, "dir": os.path.abspath(folder), "tokenizer": join(meta["tokenizer"]),
-            "train": [join(p) for p in meta["train"]], "val": [join(p) for p in meta["val"]]}
+    splits = lambda d: {"train": [join(p) for p in d["train"]], "val": [join(p) for p in d["val"]]}  # noqa: E731
+    if "sources" in meta:  # a mixture: every source's shards too
+        meta["sources"] = [{**s, **splits(s)} for s in meta["sources"]]
+    return {**meta, "dir": os.path.abspath(folder), "tokenizer": join(meta["tokenizer"]), **splits(meta)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Mixtures: several sources, each with its weight, one tokenizer, each source's own shards and val split
+
+def parse_mixture(data, temperature=None):
+    """--data -> [{"source", "weight"}]: one entry for a single source (today's path), several for a mixture
+    "a:0.6,b:0.4", with weights normalized to sum 1. The weight follows an entry's last ':' when it is a number,
+    so "fineweb2:fra_Latn:0.3" is the source fineweb2:fra_Latn at 0.3. Weights are all given or none: none means
+    by size, with --mix-temperature (temperature_weights, once the sizes are known: weight None here). An
+    existing path is one source, commas or not. A malformed string is a one-line ValueError naming --data."""
+    if data in ("sample", "fineweb") or os.path.exists(data):
+        return [{"source": data, "weight": None}]
+    entries = []
+    for i, entry in enumerate(data.split(","), 1):
+        entry = entry.strip()
+        source, colon, tail = entry.rpartition(":")
+        weight = _number(tail)
+        if weight is None:
+            source = entry
+        if colon and not tail:
+            raise ValueError(f"--data {data!r}: entry {i} ({entry!r}) ends in ':' without a weight")
+        if not source:
+            raise ValueError(f"--data {data!r}: entry {i} has no source (expected SOURCE or SOURCE:WEIGHT, "
+                             "separated by commas)")
+        if weight is not None and not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"--data {data!r}: the weight of {source} must be a positive number (got {tail})")
+        entries.append({"source": source, "weight": weight})
+    names = [e["source"] for e in entries]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    given = [e["weight"] is not None for e in entries]
+    if twice:
+        raise ValueError(f"--data {data!r}: {twice} appears twice; give each source once, with its whole weight")
+    if len(entries) > 1 and any(given) and not all(given):
+        raise ValueError(f"--data {data!r}: give every source a weight or none of them "
+                         f"({names[given.index(False)]} has none)")
+    if len(entries) > 1 and all(given) and temperature is not None:
+        raise ValueError(f"--data {data!r}: the sources have weights, so --mix-temperature would set nothing; "
+                         "give weights or --mix-temperature, not both")
+    if len(entries) > 1 and not any(given) and temperature is None:
+        raise ValueError(f"--data {data!r}: {len(entries)} sources without weights; write SOURCE:WEIGHT for each, "
+                         "or give --mix-temperature T to weight them by size")
+    if all(given):
+        total = sum(e["weight"] for e in entries)
+        entries = [{**e, "weight": e["weight"] / total} for e in entries]
+    return entries
+
+
+def downloads(data):
+    """Whether --data downloads (fineweb or fineweb2:LANG, alone or in a mixture): a token budget then sizes it."""
+    return any(entry.strip().split(":")[0] in ("fineweb", "fineweb2") for entry in data.split(","))
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def temperature_weights(sizes, temperature):
+    """Sampling weights q_i = p_i^a / sum_j p_j^a with a = 1/T and p_i = size_i / sum of sizes: XLM's language
+    sampling (Lample & Conneau 2019; XLM-R, Conneau et al. 2020, used a = 0.3). T = 1 samples by size; a larger
+    T is flatter (T -> infinity: uniform), giving small languages more of the stream than their size."""
+    p = np.asarray(sizes, dtype=np.float64)
+    p = p / p.sum()
+    q = p ** (1.0 / temperature)
+    return (q / q.sum()).tolist()
+
+
+def _prepare_mixture(mixture, temperature, cache_dir, common, resolve, max_tokens, tokenizer, workers, progress):
+    """prepare_data for a mixture: resolve every source (a download sized by its weight of max_tokens), then one
+    cached folder keyed by all sources and weights (_prepare_mixture_into)."""
+    sources = []
+    for entry in mixture:
+        share = entry["weight"] if entry["weight"] is not None else 1.0  # by size: the whole budget, at most
+        name, files, identity = resolve(entry["source"], max_tokens * share if max_tokens else None)
+        sources.append({"name": name, "source": entry["source"], "weight": entry["weight"], "files": files,
+                        "identity": identity})
+    names = [s["name"] for s in sources]
+    for i, s in enumerate(sources):  # two folders both named data/ become data-1 and data-2
+        if names.count(s["name"]) > 1:
+            s["name"] = f"{s['name']}-{names[:i + 1].count(s['name'])}"
+    if temperature is not None and any(downloads(s["source"]) for s in sources):
+        print("note: --mix-temperature weights the sources by their size here, and a download's size is what the "
+              "budget fetched, not the language's; give fineweb sources weights instead", file=sys.stderr)
+    settings = dict(version=PREPARE_VERSION, mixture=[[s["identity"], s["weight"]] for s in sources],
+                    mix_temperature=temperature, **common)
+    out = _cache_folder(cache_dir, "+".join(s["name"] for s in sources)[:60], settings)
+    return _build_once(out, lambda tmp: _prepare_mixture_into(tmp, sources, settings, tokenizer, workers, progress))
+
+
+def _prepare_mixture_into(tmp, sources, settings, tokenizer, workers, progress):
+    """A mixture's tokenizer, each source's shards in tmp/<name>/ (its own val split: whole documents, as for
+    one corpus) and meta.json: the totals of one corpus plus "sources", one entry per source (_source_entry)."""
+    sizes = [_source_chars(s["files"]) for s in sources]
+    for s, size in zip(sources, sizes):
+        if size == 0:
+            raise ValueError(f"{s['source']}: no documents found (empty corpus)")
+    weights = [s["weight"] for s in sources] if sources[0]["weight"] is not None else \
+        temperature_weights(sizes, settings["mix_temperature"])
+    texts = _mixture_training_texts(sources, weights, sizes, settings["clean"], settings["tokenizer_chars"])
+    enc = _make_tokenizer(texts, settings, tokenizer)
+    save_tokenizer(enc, os.path.join(tmp, "tokenizer.json"))
+    itemsize = 2 if enc.n_vocab <= 1 << 16 else 4
+    entries, reports = [], []
+    for s, weight, size in zip(sources, weights, sizes):
+        os.makedirs(os.path.join(tmp, s["name"]))
+        splits, report = _write_shards(tmp, s["files"], special_ids(enc)["sep"], itemsize, settings, workers,
+                                       progress, prefix=s["name"] + "/")
+        _check_kept(s["source"], splits, report)
+        entries.append(_source_entry(s, weight, size, splits, report))
+        reports.append(report)
+    total = {split: {"files": [f for e in entries for f in e[split]],
+                     "tokens": sum(e[f"{split}_tokens"] for e in entries),
+                     "documents": sum(e[f"{split}_documents"] for e in entries)} for split in ("train", "val")}
+    meta = {**_meta(settings, enc, itemsize, _sum_reports(reports), total), "sources": entries}
+    atomic_write(os.path.join(tmp, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+
+
+def _source_chars(files):
+    """A source's size for temperature sampling and the tokenizer's sample: characters of its documents."""
+    return sum(len(doc) for path in files for doc in iter_documents(path))
+
+
+def _mixture_training_texts(sources, weights, sizes, clean_kwargs, max_chars):
+    """The tokenizer's training sample of a mixture: min(max_chars, all characters) characters, the share
+    weight_i of them from source i (its cleaned, deduplicated documents, cycled when its share is larger than
+    the source). The merges then follow the mixture's proportions, so a small language is not starved of merges
+    (XLM learns its BPE on sentences sampled with its language sampling, Lample & Conneau 2019)."""
+    total = min(max_chars, sum(sizes))
+    for s, weight in zip(sources, weights):
+        quota = round(weight * total)
+        while quota > 0:
+            before = quota
+            for text in _training_texts(s["files"], clean_kwargs, quota):
+                quota -= len(text)
+                yield text
+            if quota == before:  # nothing left after cleaning: the shard writer reports it
+                break
+
+
+def _source_entry(source, weight, chars, splits, report):
+    """meta["sources"][i]: what the loader needs (name, weight, files) and the source's summary. bytes_per_token
+    and tokens_per_word (fertility: tokens per whitespace-separated word) count the documents' text, not the
+    [SEP] after each; a language the tokenizer over-segments shows a high fertility."""
+    both = lambda key: splits["train"][key] + splits["val"][key]  # noqa: E731
+    text_tokens = both("tokens") - both("documents")
+    return {"name": source["name"], "source": source["source"], "weight": weight, "chars": chars,
+            "train": splits["train"]["files"], "val": splits["val"]["files"],
+            **{f"{s}_{k}": splits[s][k] for s in ("train", "val") for k in ("tokens", "documents")},
+            "words": both("words"), "bytes_per_token": round(report["bytes_out"] / max(1, text_tokens), 4),
+            "tokens_per_word": round(text_tokens / max(1, both("words")), 4), "report": report}
+
+
+def _sum_reports(reports):
+    """The cleaning reports of several sources added up, as one corpus's report."""
+    total = {k: sum(r[k] for r in reports) for k in ("documents_in", "bytes_in", "documents_out", "bytes_out")}
+    total["invalid_utf8"] = {path: n for r in reports for path, n in r["invalid_utf8"].items()}
+    total["removed"] = {step: {k: sum(r["removed"][step][k] for r in reports) for k in ("documents", "bytes")}
+                        for step in reports[0]["removed"]}
+    return total
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -681,7 +1015,7 @@ class Loader:
         if not 0 < mask_rate < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 < mask_rate < 1 and 0 <= rank < world_size "
                              f"(got {mask_rate}, {rank}, {world_size})")
-        self.shards = [read_shard(p) for p in shards]
+        self.shards = [np.asarray(read_shard(p)) for p in shards]  # plain views: memmap indexing costs more
         self.starts = np.cumsum([0] + [len(s) for s in self.shards])  # shard i holds stream ids starts[i]..
         self.n_tokens = int(self.starts[-1])
         if self.n_tokens == 0:
@@ -699,6 +1033,8 @@ class Loader:
                 "seed": self.seed, "n_tokens": self.n_tokens}
 
     def load_state_dict(self, state):
+        if "sources" in state:
+            raise ValueError("loader state is for a corpus mixture, this loader reads one corpus")
         if state["n_tokens"] != self.n_tokens:
             raise ValueError(f"loader state is for a split of {state['n_tokens']} tokens, this one has {self.n_tokens}")
         self.position, self.batches, self.seed = int(state["position"]), int(state["batches"]), int(state["seed"])
@@ -715,14 +1051,20 @@ class Loader:
             perm = self._perms[epoch] = np.append(order, n_full) if self.shuffle else np.arange(n_full + 1)
         return perm
 
-    def _read(self, pos):
-        """(B, L) absolute stream positions -> (B, L) int64 tokens."""
-        first, last = int(pos[0, 0]) // self.n_tokens, int(pos[-1, -1]) // self.n_tokens
-        epoch = np.full_like(pos, first) if first == last else pos // self.n_tokens
-        block, offset = np.divmod(pos - epoch * self.n_tokens, self.block)
-        for e in range(first, last + 1):  # usually one epoch per batch; tiny corpora wrap several times
-            sel = slice(None) if first == last else epoch == e
-            block[sel] = self._perm(e)[block[sel]]
+    def _read(self, pos, shift=0):
+        """(B, L) ascending stream positions, plus shift (where a mixture's run of blocks starts in this stream)
+        -> (B, L) int64 tokens."""
+        n = self.n_tokens
+        first, last = (int(pos[0, 0]) + shift) // n, (int(pos[-1, -1]) + shift) // n
+        if first == last:  # usually one epoch per batch
+            block, offset = np.divmod(pos + (shift - first * n), self.block)
+            block = self._perm(first)[block]
+        else:              # tiny corpora wrap several times
+            epoch = (pos + shift) // n
+            block, offset = np.divmod(pos + shift - epoch * n, self.block)
+            for e in range(first, last + 1):
+                sel = epoch == e
+                block[sel] = self._perm(e)[block[sel]]
         src = block * self.block + offset
         if len(self.shards) == 1:
             return self.shards[0][src].astype(np.int64)
@@ -783,21 +1125,121 @@ class Loader:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
 
+def mixture_pattern(weights, period=MIX_PERIOD):
+    """The block order of a mixture, repeated every `period` blocks: (source of each block of the period, the
+    block's rank among that source's blocks in the period, blocks per source in a period). Source s gets
+    n_s = weight_s * period blocks (largest remainder, at least one), spread evenly like a smooth weighted round
+    robin: its j-th block sits at time (j + 0.5) / n_s of the period. Any stretch of the stream then holds each
+    source within about one block of its share, from the first batch on."""
+    raw = np.asarray(weights, dtype=np.float64) * period
+    n = np.maximum(1, np.floor(raw)).astype(np.int64)
+    for _ in range(period - int(n.sum())):        # hand out the remainders, largest first
+        n[np.argmax(raw - n)] += 1
+    for _ in range(int(n.sum()) - period):        # tiny weights raised to one block: take it from the largest
+        n[np.argmax(np.where(n > 1, n - raw, -np.inf))] -= 1
+    source = np.repeat(np.arange(len(n)), n)
+    rank = np.concatenate([np.arange(c) for c in n])
+    order = np.argsort((rank + 0.5) / n[source], kind="stable")
+    return source[order], rank[order], n
+
+
+class MixtureLoader(Loader):
+    """A Loader over a corpus mixture: several sources, each with its own shards and its weight.
+
+    The global stream is cut into blocks of block_tokens. Block k belongs to source s = source[k % P] of
+    mixture_pattern (P = MIX_PERIOD) and is that source's block j = (k // P) * n_s + rank[k % P], so finding
+    where any position comes from is O(1). A source's blocks are read from its own stream, which is exactly a
+    Loader's (its blocks shuffled per epoch, repeating forever): a source whose weight asks for more tokens than
+    it holds is repeated, one that holds more is cut. Windows, rank sharding, MLM masks (hashed from the global
+    position) and prefetch are the Loader's, so determinism, exact resume, a changed world size and the disjoint
+    DDP shards hold as they do for one corpus. epochs() says how often each source has been read."""
+
+    def __init__(self, sources, n_ordinary, special, objective="mlm", seed=0, rank=0, world_size=1, mask_rate=0.25,
+                 device="cpu", shuffle=True, block_tokens=BLOCK_TOKENS, prefetch=None):
+        # the Loader's checks and state, over all shards: n_tokens is the mixture's total
+        super().__init__([f for s in sources for f in s["files"]], n_ordinary, special, objective, seed, rank,
+                         world_size, mask_rate, device, shuffle, block_tokens, prefetch)
+        self.names, self.weights = [s["name"] for s in sources], [s["weight"] for s in sources]
+        self.parts = [Loader(s["files"], n_ordinary, special, objective, seed, 0, 1, mask_rate, "cpu", shuffle,
+                             block_tokens, prefetch=False) for s in sources]  # only their _read is used
+        # as Python lists: _read looks up a few blocks per batch, where numpy's per-call cost would dominate
+        self.pattern, self.nth, self.n_blocks = (a.tolist() for a in mixture_pattern(self.weights))
+
+    def state_dict(self):
+        return {**super().state_dict(), "sources": [{"name": name, "weight": w, "n_tokens": part.n_tokens}
+                                                    for name, w, part in zip(self.names, self.weights, self.parts)],
+                "epochs": self.epochs()}
+
+    def load_state_dict(self, state):
+        mine = self.state_dict()["sources"]
+        if state.get("sources") != mine:
+            describe = lambda ss: ", ".join(f"{s['name']}:{s['weight']:.4g} ({s['n_tokens']} tokens)" for s in ss)
+            raise ValueError(f"loader state is for {describe(state['sources']) if 'sources' in state else 'one corpus'}"
+                             f", this mixture is {describe(mine)}")
+        self.position, self.batches, self.seed = int(state["position"]), int(state["batches"]), int(state["seed"])
+        for part in self.parts:
+            part.seed, part._perms = self.seed, {}
+        self._ahead = None
+
+    def _read(self, pos):
+        """(B, L) global stream positions -> (B, L) int64 tokens. Positions ascend through the batch, row after
+        row, so a batch is a few runs of consecutive blocks of one source each (a batch spans a few blocks), and
+        within a run a position in the source's stream is the global one plus a constant, which its _read adds."""
+        flat, P = pos.reshape(-1), len(self.pattern)
+        runs = []                                        # [source, shift, first global block] per run
+        for k in range(int(flat[0]) // self.block, int(flat[-1]) // self.block + 1):
+            s = self.pattern[k % P]
+            if not runs or runs[-1][0] != s:             # a new run; its block k is the source's block j
+                j = (k // P) * self.n_blocks[s] + self.nth[k % P]
+                runs.append([s, (j - k) * self.block, k])
+        if len(runs) == 1:                               # the usual case: the batch lies in one run
+            return self.parts[runs[0][0]]._read(pos, runs[0][1])
+        edges = [0, *np.searchsorted(flat, [k * self.block for _, _, k in runs[1:]]), flat.size]
+        out = np.empty(flat.shape, dtype=np.int64)
+        for (s, shift, _), a, b in zip(runs, edges[:-1], edges[1:]):
+            out[a:b] = self.parts[s]._read(flat[None, a:b], shift)[0]
+        return out.reshape(pos.shape)
+
+    def tokens_drawn(self):
+        """{source: tokens the stream has taken from it so far} (all ranks together)."""
+        P = len(self.pattern)
+        k, offset = divmod(self.position, self.block)
+        blocks = (k // P) * np.array(self.n_blocks) + np.bincount(self.pattern[:k % P], minlength=len(self.parts))
+        drawn = blocks * self.block
+        drawn[self.pattern[k % P]] += offset
+        return dict(zip(self.names, drawn.tolist()))
+
+    def epochs(self):
+        """{source: passes over its tokens so far}: above 1 the source is being repeated."""
+        return {name: round(n / part.n_tokens, 4) for (name, n), part in zip(self.tokens_drawn().items(), self.parts)}
+
+
 def make_loader(meta, split="train", objective="mlm", seed=0, rank=None, world_size=None, mask_rate=0.25,
-                device="cpu", shuffle=None, block_tokens=BLOCK_TOKENS, prefetch=None):
+                device="cpu", shuffle=None, block_tokens=BLOCK_TOKENS, prefetch=None, source=None):
     """Loader over prepare_data's output (the dict, its folder or meta.json). rank/world_size default to
     torch.distributed's when it is initialized, else 0/1; shuffle defaults to True for train only; prefetch
-    (a background thread building the next batch) defaults to True on CUDA only."""
+    (a background thread building the next batch) defaults to True on CUDA only. A mixture gives a
+    MixtureLoader over its sources' splits, or with source=NAME a Loader over that source's split alone."""
     meta = load_meta(meta) if isinstance(meta, str) else meta
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    sources = meta.get("sources")
+    if source is not None:
+        match = [s for s in sources or [] if s["name"] == source]
+        if not match:
+            raise ValueError(f"{meta['dir']}: no source named {source!r} (sources: "
+                             f"{', '.join(s['name'] for s in sources or []) or 'none, one corpus'})")
+        meta, sources = {**meta, split: match[0][split]}, None
     if not meta[split]:
         raise ValueError(f"{meta['dir']}: split '{split}' is empty (val_fraction 0?)")
     dist = torch.distributed.is_available() and torch.distributed.is_initialized()
     rank = rank if rank is not None else torch.distributed.get_rank() if dist else 0
     world_size = world_size if world_size is not None else torch.distributed.get_world_size() if dist else 1
-    return Loader(meta[split], meta["n_ordinary"], meta["special_ids"], objective, seed, rank, world_size,
-                  mask_rate, device, split == "train" if shuffle is None else shuffle, block_tokens, prefetch)
+    args = (meta["n_ordinary"], meta["special_ids"], objective, seed, rank, world_size, mask_rate, device,
+            split == "train" if shuffle is None else shuffle, block_tokens, prefetch)
+    if sources:
+        return MixtureLoader([{"name": s["name"], "weight": s["weight"], "files": s[split]} for s in sources], *args)
+    return Loader(meta[split], *args)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -806,14 +1248,19 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="data.py", description="Prepare a corpus: clean, train a tokenizer, write token "
                                 "shards.", usage="%(prog)s --data DATA [--out CACHE] [flags]  (--help lists them)")
     # Data
-    p.add_argument("--data", default="sample", help="'sample' (bundled Shakespeare), 'fineweb' (download) or a "
-                   "file/folder of .txt/.jsonl/.jsonl.gz/.parquet")
+    p.add_argument("--data", default="sample", help="'sample' (bundled Shakespeare), 'fineweb' (download), "
+                   "'fineweb2:LANG' (FineWeb-2 download, e.g. fineweb2:fra_Latn), a file/folder of "
+                   ".txt/.jsonl/.jsonl.gz/.parquet, or a mixture of these: 'SOURCE:WEIGHT,SOURCE:WEIGHT,...'")
+    p.add_argument("--mix-temperature", type=float, default=None, metavar="T",
+                   help="weight a mixture's sources by size^(1/T) (size in characters; XLM, BLOOM): 1 = by size, "
+                   "larger = flatter; the sources then take no weights")
     p.add_argument("--out", dest="cache_dir", metavar="OUT", default="cache",
                    help="cache folder; results land in OUT/<name>-<settings hash>/")
     p.add_argument("--fineweb-shards", type=int, default=None,
                    help="FineWeb-Edu shards to download (~55 M tokens each; default: from --max-tokens, else 1)")
     p.add_argument("--max-tokens", type=float, default=None, help="token budget; picks --fineweb-shards (tokens)")
     p.add_argument("--fineweb-url", default=FINEWEB_URL, help="base URL holding shard_00000.parquet, ...")
+    p.add_argument("--fineweb2-url", default=FINEWEB2_URL, help="base URL holding data/<lang>/train/*.parquet")
     # Tokenizer
     p.add_argument("--tokenizer", default="train", help="'train' (rustbpe), 'gpt2', 'cl100k_base' or a tokenizer.json")
     p.add_argument("--vocab-size", type=int, default=32768, help="vocabulary size (tokens, rounded up to x64)")
@@ -821,8 +1268,9 @@ def main(argv=None):
     # Cleaning
     p.add_argument("--normalize", default="NFC", type=lambda s: None if s.lower() == "none" else s,
                    help="Unicode normal form (NFC, NFKC, ...; 'none' = off)")
-    p.add_argument("--lowercase", action="store_true", help="lowercase all text (cramming does)")
-    p.add_argument("--strip-accents", action="store_true", help="drop combining accents (cramming does)")
+    p.add_argument("--lowercase", action="store_true", help="lowercase all text (cramming does; English-centric)")
+    p.add_argument("--strip-accents", action="store_true",
+                   help="drop combining accents (cramming does; English-centric: it merges distinct words elsewhere)")
     p.add_argument("--no-dedup", dest="dedup", action="store_false", help="keep exact duplicate documents")
     p.add_argument("--max-tokens-per-char", type=float, default=None,
                    help="drop documents above this tokens/character ratio (cramming: 0.25; default off)")
@@ -847,6 +1295,10 @@ def main(argv=None):
     print(f"invalid UTF-8:   {sum(r['invalid_utf8'].values()):,} sequences replaced")
     print(f"tokens:          {meta['train_tokens']:,} train / {meta['val_tokens']:,} val "
           f"({r['bytes_out'] / max(1, meta['train_tokens'] + meta['val_tokens']):.2f} bytes/token)")
+    for s in meta.get("sources", []):
+        print(f"  {s['name'] + ':':16s} weight {s['weight']:.3f}, {s['train_tokens']:,} train / "
+              f"{s['val_tokens']:,} val tokens, {s['bytes_per_token']:.2f} bytes/token, "
+              f"{s['tokens_per_word']:.2f} tokens/word")
     print(f"summary json:    {os.path.join(meta['dir'], 'meta.json')}")
     return meta
 

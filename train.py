@@ -68,12 +68,17 @@ def parse_args(argv=None):
     g.add_argument("--max-tokens", type=float, default=None, help="budget in training tokens (all ranks)")
     g = p.add_argument_group("data")
     g.add_argument("--data", default="fineweb", help="'fineweb' (download FineWeb-Edu shards), 'sample' (bundled "
-                   "Shakespeare) or a file/folder of .txt/.jsonl/.jsonl.gz/.parquet")
+                   "Shakespeare), 'fineweb2:LANG' (FineWeb-2, e.g. fineweb2:fra_Latn), a file/folder of "
+                   ".txt/.jsonl/.jsonl.gz/.parquet, or a mixture 'SOURCE:WEIGHT,SOURCE:WEIGHT,...' (docs/data.md)")
+    g.add_argument("--mix-temperature", type=float, default=None, metavar="T",
+                   help="weight the --data sources by size^(1/T), size in characters (XLM, BLOOM): 1 = by size, "
+                   "larger = flatter; the sources then take no weights")
     g.add_argument("--cache", default="cache", help="folder for downloads, tokenizer and token shards")
     g.add_argument("--vocab-size", type=int, default=None,
                    help="tokenizer vocabulary (default: by model, 512 for tiny up to cramming's 32768 for base)")
     g.add_argument("--tokenizer", default="train", help="'train' (own BPE), 'gpt2', 'cl100k_base' or a tokenizer.json")
-    g.add_argument("--lowercase", action="store_true", help="lowercase and strip accents before tokenizing")
+    g.add_argument("--lowercase", action="store_true", help="lowercase and strip accents before tokenizing "
+                   "(English-centric: other languages lose distinctions)")
     g.add_argument("--fineweb-shards", type=int, default=None,
                    help="FineWeb-Edu shards to download (default: as many as the budget should consume)")
     g = p.add_argument_group("model")
@@ -649,7 +654,8 @@ def prepare(args, device, rank, world):
     """Rank 0 prepares (downloads, cleans, tokenizes); the others wait and then read the same cache."""
     kwargs = dict(data=args.data, cache_dir=args.cache, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
                   lowercase=args.lowercase, strip_accents=args.lowercase, fineweb_shards=args.fineweb_shards,
-                  max_tokens=budget_tokens(args, device) if args.data == "fineweb" else None, progress=rank == 0)
+                  max_tokens=budget_tokens(args, device) if data.downloads(args.data) else None, progress=rank == 0,
+                  mix_temperature=args.mix_temperature)
     meta = None
     # One process downloads and tokenizes, so ranks never race on the cache; the others then find the finished
     # entry under the same settings key and only read its meta.json
@@ -796,7 +802,8 @@ class RunState:
 
 @dataclass
 class Run:
-    """What the loop reads and never changes: the settings, the hardware, the data, the stages and the files."""
+    """What the loop reads and never changes: the settings, the hardware, the data, the stages and the files
+    (and the caches of evaluate)."""
     args: argparse.Namespace
     device: torch.device
     dtype: torch.dtype            # autocast dtype: bf16 on a GPU that has it, fp32 elsewhere
@@ -809,7 +816,9 @@ class Run:
     ckpt_path: str                # checkpoint.pt, or the folder checkpoint.dcp/ under FSDP
     peak: float                   # this GPU's peak FLOP/s, or None (no MFU)
     budget: Budget = None         # the clock: start_clock makes it once setup is done
-    held_out: dict = field(default_factory=dict)  # {sequence length: the evaluation's batches}
+    # evaluate's caches: the held-out batches, built once, and a mixture's losses per source at the last evaluation
+    held_out: dict = field(default_factory=dict)  # {sequence length: {source: the evaluation's batches}}
+    val_by_source: dict = None
 
     def say(self, *text):
         """Print on rank 0 only, through tqdm so that a line never breaks the progress bar."""
@@ -842,28 +851,50 @@ class Run:
 @torch.no_grad()
 def evaluate(run, net):
     """Mean held-out loss over the same --eval-batches batches every time, at the model's sequence length,
-    averaged over ranks. The batches (the val split read in order with a fixed seed) are built once per length."""
+    averaged over ranks. The batches (the val split read in order with a fixed seed) are built once per length.
+    A corpus mixture evaluates each source's own val split so; the result is their mean weighted by the mixture,
+    and run.val_by_source keeps each source's loss for the log."""
     plain, args = model.unwrap(net), run.args
     T = plain.config["max_seq_len"]
+    names = [s["name"] for s in run.meta.get("sources", [])] or [None]  # None: the one corpus
     if T not in run.held_out:  # a fixed seed: the same masks every time, in every run, so curves compare
-        loader = data.make_loader(run.meta, "val", args.objective, seed=1234, rank=run.rank, world_size=run.world,
-                                  mask_rate=args.mask_rate, device=run.device, prefetch=False)
-        run.held_out[T] = [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
+        run.held_out[T] = {}
+        for name in names:
+            loader = data.make_loader(run.meta, "val", args.objective, seed=1234, rank=run.rank, world_size=run.world,
+                                      mask_rate=args.mask_rate, device=run.device, prefetch=False, source=name)
+            run.held_out[T][name] = [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
     was_training = plain.training
     plain.eval()  # no dropout; eager and outside DDP (under FSDP the plain model is the sharded module itself)
-    total = torch.zeros((), device=run.device)
-    for batch in run.held_out[T]:
-        with torch.autocast(run.device.type, dtype=run.dtype, enabled=run.dtype != torch.float32):
-            total += plain(**batch)["loss"].float()
+    total = torch.zeros(len(names), device=run.device)
+    for i, name in enumerate(names):
+        for batch in run.held_out[T][name]:
+            with torch.autocast(run.device.type, dtype=run.dtype, enabled=run.dtype != torch.float32):
+                total[i] += plain(**batch)["loss"].float()
     plain.train(was_training)
     if run.world > 1:  # each rank evaluated its own slice of the held-out batches: the mean over all of them
         dist.all_reduce(total)
-    return total.item() / (args.eval_batches * run.world)
+    losses = [t / (args.eval_batches * run.world) for t in total.tolist()]
+    if names == [None]:
+        return losses[0]
+    run.val_by_source = dict(zip(names, losses))
+    return sum(s["weight"] * loss for s, loss in zip(run.meta["sources"], losses))
+
+
+def val_text(run, val):
+    """'3.410', or for a mixture '3.410 (plays 3.302, sonnets 3.671)': the progress line's held-out loss."""
+    each = ", ".join(f"{name} {loss:.3f}" for name, loss in (run.val_by_source or {}).items())
+    return f"{val:.3f} ({each})" if each else f"{val:.3f}"
+
+
+def by_source(run):
+    """The log's extra field for a mixture: {"val_loss_by_source": {source: loss}} of the last evaluation."""
+    return {"val_loss_by_source": run.val_by_source} if run.val_by_source else {}
 
 
 def log_eval(run, state, p, val, **extra):
     run.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
-             "elapsed": round(run.budget.elapsed(), 3), "progress": round(p, 5), "val_loss": val, **extra})
+             "elapsed": round(run.budget.elapsed(), 3), "progress": round(p, 5), "val_loss": val, **by_source(run),
+             **extra})
 
 
 # -----------------------------------------------------------------------------
@@ -950,8 +981,8 @@ def start_clock(run, state, net, resumed):
     if not resumed:
         val = evaluate(run, net)
         run.log({"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "progress": 0.0,
-                 "val_loss": val})
-        run.say(f"held-out loss before training: {val:.3f}")
+                 "val_loss": val, **by_source(run)})
+        run.say(f"held-out loss before training: {val_text(run, val)}")
     budget = Budget(args, state.elapsed, run.device, run.world)
     if resumed:
         p = budget.progress(state.step, state.tokens, state.elapsed)
@@ -1256,7 +1287,7 @@ def train(args):
             state.next_eval += args.eval_every
             val = evaluate(run, net)
             log_eval(run, state, p, val)
-            run.say(f"{p:4.0%} held-out loss {val:.3f}; {run.samples(net)}")
+            run.say(f"{p:4.0%} held-out loss {val_text(run, val)}; {run.samples(net)}")
 
         # ---- checkpoint every --checkpoint-minutes (and --checkpoint-steps), on the clock all ranks agree on
         if (args.checkpoint_steps and state.step % args.checkpoint_steps == 0) or \
@@ -1308,10 +1339,12 @@ def finish(run, state, net, optimizer, loader, status):
                # what the held-out loss depends on besides N and D: scaling.py fits only runs that agree on these
                "comparable": {"data": os.path.basename(run.meta["dir"]), "vocab_size": final_cfg["vocab_size"],
                               "objective": args.objective, "seq_len": T, "mask_rate": args.mask_rate}}
+    if run.val_by_source:  # a mixture: each source's final loss, and how often the run read each source
+        summary.update(val_loss_by_source=run.val_by_source, epochs_by_source=loader.epochs())
     if run.peak:
         summary["mfu"] = round(summary["tokens_per_s"] * summary["flops_per_token"] / (run.peak * run.world), 4)
     run.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
-             "elapsed": round(state.elapsed, 3), "progress": 1.0, "val_loss": val})
+             "elapsed": round(state.elapsed, 3), "progress": 1.0, "val_loss": val, **by_source(run)})
     checkpoint(run, state, net, optimizer, loader)   # every rank: under FSDP each writes its shards,
     summary["final"] = save_final(run, net)          # and takes part in gathering the weights
     sample = run.samples(net)

@@ -2,6 +2,7 @@
 
     python bench/bench_data.py                       # vocab 8192, batch 32 x 128, CPU
     python bench/bench_data.py --vocab-size 32768 --device cuda
+    python bench/bench_data.py --mixture             # only section 4: a two-language mixture
 
 Reports, each with a ratio (absolute times depend on the machine and its load; the ratios travel better):
 1. tokenizer training time: rustbpe (data.train_tokenizer) vs tokenizers' BPE trainer (byte-level, same split
@@ -9,9 +10,15 @@ Reports, each with a ratio (absolute times depend on the machine and its load; t
 2. encoding throughput in MB/s of UTF-8 text: tiktoken vs tokenizers, batch (all threads) and one thread;
 3. the loader's cost as a fraction of a training step (fwd + bwd + AdamW of model.py's "mini" preset, MLM):
    next_batch's time on the critical path, with prefetch (default) and without.
+4. (--mixture, instead of 1-3) a two-language mixture: English (the sample) and a second language, by default
+   French from the system's gettext catalogs (/usr/share/locale/fr/LC_MESSAGES/*.mo: translated program messages,
+   cut to --second-chars characters, a tenth of the sample, so it is the small language), or --second PATH. One
+   tokenizer per temperature (T = 1, by size, and T = --mix-temperature) and each language's fertility
+   (tokens per whitespace word) and bytes per token; then next_batch of the mixture against one source's loader.
 Results are printed and written as JSON (--out).
 """
 import argparse
+import glob
 import json
 import os
 import sys
@@ -115,6 +122,86 @@ def bench_loader(meta, batch_size, seq_len, steps, device, assumed_tflops):
     return out
 
 
+def french_messages(max_chars, folder="/usr/share/locale/fr/LC_MESSAGES"):
+    """Documents of 50 French messages each from the gettext catalogs, max_chars characters in all."""
+    import gettext
+    seen, messages = set(), []
+    for path in sorted(glob.glob(os.path.join(folder, "*.mo"))):
+        try:
+            with open(path, "rb") as f:
+                catalog = gettext.GNUTranslations(f)._catalog
+        except (OSError, UnicodeDecodeError):  # not a catalog, or one in another encoding
+            continue
+        for key, text in catalog.items():
+            if key and isinstance(text, str) and text not in seen:
+                seen.add(text)
+                messages.append(text)
+    if not messages:
+        raise SystemExit(f"error: no gettext catalogs in {folder}; give a second-language corpus with --second PATH")
+    docs, n = [], 0
+    for i in range(0, len(messages), 50):
+        docs.append("\n".join(messages[i:i + 50]) + "\n")
+        n += len(docs[-1])
+        if n >= max_chars:
+            break
+    return docs
+
+
+def time_batches(loader, B, T, n=10):
+    """CPU seconds per next_batch over the stream's first n batches (the same ones at every call). CPU time, not
+    wall time: on a shared machine another process's load then does not count (the loader runs in this thread)."""
+    loader.position = 0
+    t0 = time.process_time()
+    for _ in range(n):
+        loader.next_batch(B, T)
+    return (time.process_time() - t0) / n
+
+
+def bench_mixture(args, cache):
+    """Section 4: fertility per language at two temperatures, and the mixture loader's cost per batch."""
+    if args.second:
+        second, label = args.second, args.second
+    else:
+        second = os.path.join(cache, "fr.jsonl")
+        with open(second, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": d}) + "\n" for d in french_messages(args.second_chars))
+        label = "French gettext catalogs"
+    out = {"second": label, "vocab_size": args.vocab_size, "temperatures": []}
+    for T in (1.0, args.mix_temperature):
+        meta = data.prepare_data(f"sample,{second}", cache, vocab_size=args.vocab_size, mix_temperature=T,
+                                 progress=False)
+        out["temperatures"].append({"T": T, "sources": [
+            {k: s[k] for k in ("name", "weight", "chars", "train_tokens", "bytes_per_token", "tokens_per_word")}
+            for s in meta["sources"]]})
+    # the loader: the last mixture against its English source alone (today's Loader over the same shards);
+    # many short repeats, interleaved, and the best of each kept: a load change on a shared machine hits both
+    english = meta["sources"][0]["name"]
+    out["loader"] = []
+    for B in sorted({args.batch_size, 256}):
+        mixed = data.make_loader(meta, "train", "mlm", seed=0, prefetch=False)
+        single = data.make_loader(meta, "train", "mlm", seed=0, prefetch=False, source=english)
+        best = {"mixture": float("inf"), "single": float("inf")}
+        for _ in range(args.repeat * 10):
+            for name, loader in (("mixture", mixed), ("single", single)):
+                best[name] = min(best[name], time_batches(loader, B, args.seq_len))
+        out["loader"].append({"batch_size": B, "mixture_ms": 1e3 * best["mixture"], "single_ms": 1e3 * best["single"],
+                              "ratio": best["mixture"] / best["single"], "epochs": mixed.epochs()})
+    return out
+
+
+def print_mixture(r, seq_len):
+    print("---")
+    print(f"mixture:             sample (English) + {r['second']}, one tokenizer per temperature, "
+          f"vocab {r['vocab_size']}")
+    for t in r["temperatures"]:
+        cells = " | ".join(f"{s['name']} weight {s['weight']:.3f}, {s['tokens_per_word']:.3f} tokens/word, "
+                           f"{s['bytes_per_token']:.3f} bytes/token" for s in t["sources"])
+        print(f"  T = {t['T']:<5.3g}           {cells}")
+    for row in r["loader"]:
+        print(f"loader, B={row['batch_size']:<4d} x {seq_len}: mixture {row['mixture_ms']:.3f} ms | one source "
+              f"{row['single_ms']:.3f} ms per batch | ratio {row['ratio']:.3f} (target < 1.10)")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size of both tokenizers (tokens)")
@@ -125,8 +212,26 @@ def main():
     p.add_argument("--assumed-tflops", type=float, default=400.0,
                    help="achieved GPU throughput (TFLOP/s) for the estimated crammed-base step time")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
-    p.add_argument("--out", default="runs/bench_data.json", help="JSON results file")
+    p.add_argument("--out", default=None, help="JSON results file (default runs/bench_data.json, with --mixture "
+                   "runs/bench_data_mixture.json)")
+    p.add_argument("--mixture", action="store_true", help="run section 4 (a two-language mixture) instead of 1-3")
+    p.add_argument("--second", default=None, help="second-language corpus for --mixture (default: French gettext "
+                   "catalogs of this system)")
+    p.add_argument("--second-chars", type=int, default=500_000,
+                   help="characters of the default French corpus (a tenth of the sample: the small language)")
+    p.add_argument("--mix-temperature", type=float, default=1 / 0.3,
+                   help="the flatter temperature compared with T = 1 (default 1/0.3: XLM-R's alpha = 0.3)")
     args = p.parse_args()
+    args.out = args.out or f"runs/bench_data{'_mixture' if args.mixture else ''}.json"
+    if args.mixture:
+        with tempfile.TemporaryDirectory() as cache:
+            results = bench_mixture(args, cache)
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"mixture": results}, f, indent=1)
+        print_mixture(results, args.seq_len)
+        print(f"json:                {args.out}")
+        return
 
     docs = list(data.iter_documents(data.SAMPLE_CORPUS))
     tok = bench_tokenizers(docs, args.vocab_size, args.repeat)

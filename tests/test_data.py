@@ -423,10 +423,223 @@ def test_batches_land_on_the_gpu(prepared):
     assert all(v.is_cuda for v in b.values())
 
 
+# ---------------------------------------------------------------------------------------------- mixtures
+
+ACCENTED = ["é", "à", "ç", "ou", "ei", "œu", "ill", "gn", "è", "ô", "ù", "qu"]
+
+
+def make_accented_docs(n_docs, words=40, seed=0):
+    """French-looking documents: accented syllables, which byte-level BPE over-segments unless it learns them."""
+    rng = np.random.default_rng(seed)
+    return [" ".join("".join(rng.choice(ACCENTED, size=rng.integers(1, 4))) for _ in range(words)) + ".\n"
+            for _ in range(n_docs)]
+
+
+def fake_mixture(tmp_path, parts, weights, n_ordinary=100):
+    """A hand-made prepared mixture: source i's train (and val) shard holds parts[i], with weights[i]."""
+    meta = fake_meta(tmp_path, np.zeros(1), n_ordinary)
+    sources = []
+    for i, (tokens, weight) in enumerate(zip(parts, weights)):
+        path = str(tmp_path / f"s{i}.bin")
+        data.write_shard(path, tokens)
+        sources.append({"name": f"s{i}", "weight": weight, "train": [path], "val": [path]})
+    return {**meta, "sources": sources, "train": [s["train"][0] for s in sources],
+            "val": [s["val"][0] for s in sources]}
+
+
+def test_a_mixture_string_takes_the_weight_after_the_last_colon_and_normalizes_weights():
+    entries = data.parse_mixture("wiki.jsonl:3, fineweb2:fra_Latn:1")
+    assert entries == [{"source": "wiki.jsonl", "weight": 0.75}, {"source": "fineweb2:fra_Latn", "weight": 0.25}]
+    assert data.parse_mixture("a,b", temperature=2.0) == [{"source": "a", "weight": None},
+                                                           {"source": "b", "weight": None}]
+
+
+def test_one_source_without_a_weight_is_a_single_corpus_even_with_colons_or_commas(tmp_path):
+    assert data.parse_mixture("fineweb2:fra_Latn") == [{"source": "fineweb2:fra_Latn", "weight": None}]
+    odd = tmp_path / "a,b.jsonl"
+    write_jsonl(odd, ["x"])
+    assert data.parse_mixture(str(odd)) == [{"source": str(odd), "weight": None}]
+
+
+@pytest.mark.parametrize("spec, temperature, message", [
+    ("a:0.5,b:0", None, "the weight of b must be a positive number \\(got 0\\)"),
+    ("a:0.5,b:-1", None, "the weight of b must be a positive number"),
+    ("a:0.5,b:nan", None, "the weight of b must be a positive number"),
+    ("a:0.5,b", None, "give every source a weight or none of them \\(b has none\\)"),
+    ("a,b", None, "2 sources without weights; write SOURCE:WEIGHT for each, or give --mix-temperature"),
+    ("a:1,b:1", 2.0, "the sources have weights, so --mix-temperature would set nothing"),
+    ("a:0.5,,b:0.5", None, "entry 2 has no source"),
+    ("a:0.5,b:", None, "entry 2 \\('b:'\\) ends in ':' without a weight"),
+    ("a:0.5,a:0.5", None, "a appears twice"),
+])
+def test_a_bad_mixture_string_is_a_one_line_error_naming_data(spec, temperature, message):
+    with pytest.raises(ValueError, match=f"--data '{spec}': {message}") as e:
+        data.parse_mixture(spec, temperature)
+    assert "\n" not in str(e.value)
+
+
+def test_an_unknown_source_or_temperature_in_a_mixture_is_a_one_line_error(tmp_path):
+    with pytest.raises(ValueError, match="data path not found: .*nope"):
+        data.prepare_data("sample:0.5,nope:0.5", str(tmp_path), progress=False)
+    with pytest.raises(ValueError, match="--mix-temperature must be > 0 \\(got 0.0\\)"):
+        data.prepare_data("a,b", str(tmp_path), mix_temperature=0.0, progress=False)
+    with pytest.raises(ValueError, match="--data fineweb2:French: FineWeb-2 names a language as lang_Script"):
+        data.prepare_data("sample:0.5,fineweb2:French:0.5", str(tmp_path), progress=False)
+
+
+def test_temperature_weights_are_size_to_the_power_one_over_T_normalized():
+    assert data.temperature_weights([900, 100], 1.0) == pytest.approx([0.9, 0.1])        # T = 1: by size
+    assert data.temperature_weights([900, 100], 2.0) == pytest.approx([0.75, 0.25])      # 30 : 10
+    assert data.temperature_weights([800, 100, 100], 1 / 0.3) == pytest.approx(
+        np.array([8, 1, 1]) ** 0.3 / (8 ** 0.3 + 2))                                      # XLM-R's alpha = 0.3
+    assert data.temperature_weights([900, 100], 1e6) == pytest.approx([0.5, 0.5], abs=1e-5)  # large T: uniform
+
+
+def test_the_block_pattern_gives_every_source_its_share_in_every_stretch_of_the_stream():
+    source, rank, n = data.mixture_pattern([0.6, 0.3, 0.1], period=1000)
+    assert n.tolist() == [600, 300, 100] and np.bincount(source).tolist() == [600, 300, 100]
+    counts = np.cumsum(np.eye(3, dtype=int)[source], axis=0)               # blocks of each source so far
+    expected = np.arange(1, 1001)[:, None] * np.array([0.6, 0.3, 0.1])
+    assert np.abs(counts - expected).max() <= 1.0
+    for s in range(3):                                                       # a source's blocks come in order
+        assert rank[source == s].tolist() == list(range(n[s]))
+    assert data.mixture_pattern([0.99999, 0.00001], period=1000)[2].tolist() == [999, 1]  # every source gets a block
+
+
+def test_mixture_proportions_hold_within_a_percent_over_many_batches(tmp_path):
+    parts = [np.arange(6400) % 50, 50 + np.arange(6400) % 50]          # tokens of s0 are < 50, of s1 >= 50
+    loader = data.make_loader(fake_mixture(tmp_path, parts, [0.7, 0.3]), "train", "clm", seed=0, block_tokens=64)
+    seen = np.concatenate([loader.next_batch(8, 32)["input_ids"].numpy().ravel() for _ in range(100)])
+    assert abs((seen < 50).mean() - 0.7) < 0.01                           # 25,600 tokens, 400 blocks
+    drawn = loader.tokens_drawn()
+    assert drawn["s0"] + drawn["s1"] == loader.position == 100 * 8 * 32
+    assert abs(drawn["s0"] / loader.position - 0.7) < 0.01
+
+
+def test_a_small_source_is_repeated_to_its_weight_and_its_epochs_are_reported(tmp_path):
+    small, big = 1000 + np.arange(640), np.arange(64000) % 1000           # 10 blocks of 64 against 1,000
+    loader = data.make_loader(fake_mixture(tmp_path, [big, small], [0.5, 0.5], n_ordinary=5000), "train", "clm",
+                              seed=1, block_tokens=64)
+    seen = np.concatenate([loader.next_batch(4, 64)["input_ids"].numpy().ravel() for _ in range(40)])
+    from_small = seen[seen >= 1000]
+    assert len(from_small) == 5120 and np.array_equal(np.sort(from_small), np.repeat(small, 8))  # 8 whole epochs
+    alone = data.make_loader(fake_meta(tmp_path, small, n_ordinary=5000), "train", "clm", seed=1, block_tokens=64)
+    stream = np.concatenate([alone.next_batch(4, 64)["input_ids"].numpy().ravel() for _ in range(20)])
+    assert np.array_equal(from_small, stream)                  # in the order of the source's own shuffled stream
+    assert loader.epochs() == {"s0": 5120 / 64000, "s1": 8.0} == loader.state_dict()["epochs"]
+
+
+def test_a_mixture_is_deterministic_and_resumes_bitwise(tmp_path):
+    meta = fake_mixture(tmp_path, [np.arange(3000) % 100, np.arange(1100) % 90], [0.6, 0.4])
+    sizes = [(8, 32), (16, 32), (4, 64), (8, 130), (16, 48)]
+    run = data.make_loader(meta, "train", "mlm", seed=5, block_tokens=256)
+    again = data.make_loader(meta, "train", "mlm", seed=5, block_tokens=256)
+    for B, T in sizes[:2]:
+        x, y = run.next_batch(B, T), again.next_batch(B, T)
+        assert all(torch.equal(x[k], y[k]) for k in x)
+    state = json.loads(json.dumps(run.state_dict()))
+    later = [run.next_batch(B, T) for B, T in sizes[2:] * 4]
+    resumed = data.make_loader(meta, "train", "mlm", seed=99, block_tokens=256)
+    resumed.load_state_dict(state)
+    for want, (B, T) in zip(later, sizes[2:] * 4):
+        got = resumed.next_batch(B, T)
+        assert all(torch.equal(want[k], got[k]) for k in want)
+    assert min(run.epochs().values()) > 1                                  # both sources wrapped meanwhile
+
+
+def test_mixture_ranks_draw_disjoint_sequences_that_together_equal_one_process(tmp_path):
+    meta = fake_mixture(tmp_path, [np.arange(20000) % 100, np.arange(5000) % 100], [0.5, 0.5])
+    ranks = [data.make_loader(meta, "train", "mlm", seed=2, rank=r, world_size=2, block_tokens=128) for r in (0, 1)]
+    single = data.make_loader(meta, "train", "mlm", seed=2, block_tokens=128)
+    for _ in range(4):
+        parts = [loader.next_batch(4, 32) for loader in ranks]
+        whole = single.next_batch(8, 32)
+        for k in whole:
+            assert torch.equal(torch.cat([parts[0][k], parts[1][k]]), whole[k])
+    assert ranks[0].state_dict() == ranks[1].state_dict() == single.state_dict()
+
+
+def test_loader_state_of_another_mixture_or_of_one_corpus_is_rejected(tmp_path):
+    parts = [np.arange(1000) % 100, np.arange(500) % 100]
+    a = data.make_loader(fake_mixture(tmp_path, parts, [0.5, 0.5]), "train", "clm")
+    b = data.make_loader(fake_mixture(tmp_path, parts, [0.8, 0.2]), "train", "clm")
+    with pytest.raises(ValueError, match="loader state is for s0:0.5 .*, this mixture is s0:0.8"):
+        b.load_state_dict(a.state_dict())
+    one = data.make_loader(fake_meta(tmp_path, np.arange(1500) % 100), "train", "clm")
+    with pytest.raises(ValueError, match="loader state is for a corpus mixture"):
+        one.load_state_dict(a.state_dict())
+    with pytest.raises(ValueError, match="loader state is for one corpus"):
+        a.load_state_dict(one.state_dict())
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """Two made-up languages, 30 and 10 documents, mixed 0.6 : 0.4 with a 320-token BPE."""
+    root = tmp_path_factory.mktemp("mix")
+    en = write_jsonl(root / "en.jsonl", make_docs(30))
+    fr = write_jsonl(root / "fr.jsonl", make_accented_docs(10))
+    meta = data.prepare_data(f"{en}:0.6,{fr}:0.4", str(root / "cache"), vocab_size=320, workers=1, val_fraction=0.1,
+                             progress=False)
+    return meta, en, fr
+
+
+def test_each_source_of_a_mixture_keeps_its_own_val_split_of_whole_documents(mixed):
+    meta, _, _ = mixed
+    enc, sep = data.load_tokenizer(meta["tokenizer"]), meta["special_ids"]["sep"]
+    assert [(s["name"], s["weight"]) for s in meta["sources"]] == [("en", 0.6), ("fr", 0.4)]
+    for s, docs in zip(meta["sources"], (make_docs(30), make_accented_docs(10))):
+        val = np.concatenate([data.read_shard(p) for p in s["val"]]).tolist()
+        assert val == [t for d in docs[::10] for t in enc.encode_ordinary(d) + [sep]]  # documents 0, 10, 20
+        assert s["val_documents"] == len(docs[::10]) and s["train_documents"] == len(docs) - len(docs[::10])
+    assert meta["train_tokens"] == sum(s["train_tokens"] for s in meta["sources"])
+    assert meta["report"]["documents_in"] == 40 and os.path.basename(meta["dir"]).startswith("en+fr-")
+    loader = data.make_loader(meta, "val", "mlm", source="fr")
+    assert loader.n_tokens == meta["sources"][1]["val_tokens"]
+    with pytest.raises(ValueError, match="no source named 'de' \\(sources: en, fr\\)"):
+        data.make_loader(meta, "val", source="de")
+
+
+def test_a_mixture_is_cached_under_all_its_sources_and_weights(mixed):
+    meta, en, fr = mixed
+    cache = os.path.dirname(meta["dir"])
+    again = data.prepare_data(f"{en}:3,{fr}:2", cache, vocab_size=320, workers=1, val_fraction=0.1, progress=False)
+    other = data.prepare_data(f"{en}:0.5,{fr}:0.5", cache, vocab_size=320, workers=1, val_fraction=0.1,
+                              progress=False)
+    assert again["reused"] and again["dir"] == meta["dir"]                 # 3 : 2 is 0.6 : 0.4
+    assert not other["reused"] and other["dir"] != meta["dir"]
+
+
+def test_the_tokenizer_sample_draws_each_source_in_its_proportion_repeating_a_small_one(tmp_path):
+    big = write_jsonl(tmp_path / "big.jsonl", [f"{i:03d}" + "a" * 397 for i in range(10)])    # 4,000 characters
+    small = write_jsonl(tmp_path / "small.jsonl", [f"{i:03d}" + "b" * 37 for i in range(10)])  # 400 characters
+    sources = [{"files": [big]}, {"files": [small]}]
+    assert [data._source_chars(s["files"]) for s in sources] == [4000, 400]
+    texts = list(data._mixture_training_texts(sources, [0.5, 0.5], [4000, 400], {}, max_chars=10 ** 9))
+    chars = [sum(len(t) for t in texts if letter in t) for letter in "ab"]
+    assert chars == [2200, 2200]      # half of 4,400 each: the small source read 5.5 times, the big one cut
+
+
+def test_fertility_is_tokens_per_whitespace_word_for_each_source(tmp_path, capsys):
+    """With no merges every token is one byte: 'ab cd ef' is 8 tokens for 3 words, 'été à' 8 for 2."""
+    tok = str(tmp_path / "bytes.json")
+    data.save_tokenizer(data.train_tokenizer(["x"], 320), tok)
+    a = write_jsonl(tmp_path / "a.jsonl", ["ab cd ef"] * 4)
+    b = write_jsonl(tmp_path / "b.jsonl", ["été à"] * 4)
+    meta = data.main(["--data", f"{a}:0.5,{b}:0.5", "--out", str(tmp_path / "cache"), "--tokenizer", tok,
+                      "--no-dedup", "--workers", "1", "--val-fraction", "0.25"])
+    (sa, sb) = meta["sources"]
+    assert (sa["tokens_per_word"], sa["bytes_per_token"], sa["words"]) == (round(8 / 3, 4), 1.0, 12)
+    assert (sb["tokens_per_word"], sb["bytes_per_token"], sb["words"]) == (4.0, 1.0, 8)
+    out = capsys.readouterr().out
+    assert "a:               weight 0.500, 27 train / 9 val tokens, 1.00 bytes/token, 2.67 tokens/word" in out
+    assert "b:               weight 0.500, 27 train / 9 val tokens, 1.00 bytes/token, 4.00 tokens/word" in out
+
+
 # ---------------------------------------------------------------------------------------------- downloads
 
 class FixtureHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves a folder; honours Range (206) unless ignore_range; truncate_first cuts the first response short."""
+    """Serves a folder; honours Range (bytes=A- or bytes=A-B: 206) unless ignore_range; truncate_first cuts the
+    first response short."""
     ignore_range, truncate_first, log = False, False, []
 
     def log_message(self, *args):
@@ -437,19 +650,20 @@ class FixtureHandler(http.server.SimpleHTTPRequestHandler):
         path = self.translate_path(self.path)
         if not os.path.isfile(path):
             return self.send_error(404)
-        body = open(path, "rb").read()
-        start = int(self.headers["Range"][6:-1]) if self.headers.get("Range") and not self.ignore_range else 0
-        self.send_response(206 if start else 200)
-        if start:
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        self.send_header("Content-Length", str(len(body) - start))
+        body, ranged = open(path, "rb").read(), self.headers.get("Range") and not self.ignore_range
+        first, last = self.headers["Range"][6:].split("-") if ranged else ("0", "")
+        start, end = int(first), min(len(body), int(last) + 1) if last else len(body)
+        self.send_response(206 if ranged else 200)
+        if ranged:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(body)}")
+        self.send_header("Content-Length", str(end - start))
         self.end_headers()
         if type(self).truncate_first:
             type(self).truncate_first = False
-            self.wfile.write(body[start:start + (len(body) - start) // 2])
+            self.wfile.write(body[start:start + (end - start) // 2])
             self.close_connection = True
             return
-        self.wfile.write(body[start:])
+        self.wfile.write(body[start:end])
 
 
 @pytest.fixture
@@ -528,6 +742,79 @@ def test_fineweb_shard_count_follows_the_token_budget():
     assert data.shards_for_tokens(1e6) == 1 and data.shards_for_tokens(5.5e9) == 100
 
 
+def fineweb2_files(root, n_docs=400, lang="fra_Latn"):
+    """data/<lang>/train/000_00000.parquet (n_docs documents of 1,000 characters, 4 per row group) and
+    000_00001.parquet (8 documents), as the Hub lays FineWeb-2 out; returns the documents of each file."""
+    folder = root / "data" / lang / "train"
+    folder.mkdir(parents=True)
+    letters = np.array(list("abcdeéèàçôù "))
+    docs = [["".join(row) for row in np.random.default_rng(i).choice(letters, (n, 1000))] for i, n in
+            enumerate((n_docs, 8))]
+    for i, d in enumerate(docs):  # no min/max statistics: the footer stays small beside the text
+        pq.write_table(pa.table({"text": d}), folder / f"000_{i:05d}.parquet", row_group_size=4,
+                       write_statistics=False)
+    return docs
+
+
+def test_fineweb2_fetches_only_the_row_groups_its_budget_needs_by_range_requests(server, tmp_path):
+    root, url, handler = server
+    docs = fineweb2_files(root)
+    out = str(tmp_path / "fra_Latn")
+    paths = data.download_fineweb2("fra_Latn", out, sum(map(len, docs[0][:4])) + 1, url, progress=False)
+    assert [os.path.basename(p) for p in paths] == ["000_00000-00000.parquet", "000_00000-00001.parquet"]
+    assert [d for p in paths for d in data.iter_documents(p)] == docs[0][:8]
+    ranges = [tuple(map(int, r[6:].split("-"))) for _, r in handler.log]   # every request was a Range request
+    size = os.path.getsize(root / "data/fra_Latn/train/000_00000.parquet")
+    assert {p for p, _ in handler.log} == {"/data/fra_Latn/train/000_00000.parquet"}
+    assert sum(b - a + 1 for a, b in ranges) < 0.3 * size                 # footer and two row groups, not the file
+
+
+def test_fineweb2_download_resumes_at_the_next_row_group_and_stops_when_the_language_ends(server, tmp_path):
+    root, url, handler = server
+    docs = fineweb2_files(root, n_docs=12)
+    out = str(tmp_path / "fra_Latn")
+    first = data.download_fineweb2("fra_Latn", out, 1, url, progress=False)   # one row group
+    stamp = os.stat(first[0]).st_mtime_ns
+    everything = data.download_fineweb2("fra_Latn", out, 1e12, url, progress=False)
+    assert len(everything) == 3 + 2 and everything[0] == first[0] and os.stat(first[0]).st_mtime_ns == stamp
+    assert [d for p in everything for d in data.iter_documents(p)] == docs[0] + docs[1]
+    assert handler.log[-1][0] == "/data/fra_Latn/train/000_00002.parquet"    # missing: the language ends there
+    handler.log.clear()
+    assert data.download_fineweb2("fra_Latn", out, 4001, url, progress=False) == everything[:2]
+    assert handler.log == []                                                 # all there: nothing is fetched
+
+
+def test_fineweb2_unknown_language_offline_or_without_range_support_is_a_one_line_error(server, tmp_path,
+                                                                                          monkeypatch):
+    root, url, handler = server
+    fineweb2_files(root, n_docs=4)
+    with pytest.raises(ValueError, match="HTTP 404 .*; is xyz_Latn a FineWeb-2 language") as e:
+        data.download_fineweb2("xyz_Latn", str(tmp_path / "x"), 100, url, progress=False)
+    assert "\n" not in str(e.value)
+    handler.ignore_range = True
+    with pytest.raises(ValueError, match="the server ignores HTTP Range requests"):
+        data.download_fineweb2("fra_Latn", str(tmp_path / "f"), 100, url, progress=False)
+    monkeypatch.setattr(data, "DOWNLOAD_BACKOFF_S", 0.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(ValueError, match="after 5 tries .*offline\\? is fra_Latn a FineWeb-2 language.*--data sample"):
+        data.download_fineweb2("fra_Latn", str(tmp_path / "g"), 100, dead, progress=False)
+
+
+def test_fineweb2_language_joins_a_mixture_with_its_share_of_the_token_budget(server, tmp_path):
+    root, url, _ = server
+    docs = fineweb2_files(root, n_docs=12)
+    en = write_jsonl(tmp_path / "en.jsonl", make_docs(20))
+    budget = sum(map(len, docs[0][:8])) / data.FINEWEB2_CHARS_PER_TOKEN   # tokens whose half needs 1 row group
+    meta = data.prepare_data(f"{en}:0.5,fineweb2:fra_Latn:0.5", str(tmp_path / "cache"), vocab_size=320,
+                             max_tokens=budget, fineweb2_url=url, workers=1, progress=False)
+    fr = meta["sources"][1]
+    assert (fr["name"], fr["source"], fr["weight"]) == ("fra_Latn", "fineweb2:fra_Latn", 0.5)
+    assert fr["train_documents"] + fr["val_documents"] == 4                 # one row group of 4 documents
+    assert os.listdir(tmp_path / "cache" / "fineweb2" / "fra_Latn") == ["000_00000-00000.parquet"]
+
+
 # ---------------------------------------------------------------------------------------------- CLI
 
 def test_cli_prints_a_summary_and_writes_json(tmp_path, capsys):
@@ -536,6 +823,11 @@ def test_cli_prints_a_summary_and_writes_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "documents:       10 in, 10 kept (9 train / 1 val)" in out
     assert json.load(open(os.path.join(meta["dir"], "meta.json")))["train_tokens"] == meta["train_tokens"]
+
+
+def test_the_cli_exits_with_one_line_on_a_bad_mixture(tmp_path):
+    with pytest.raises(SystemExit, match="error: --data 'sample:0.5,b': give every source a weight or none"):
+        data.main(["--data", "sample:0.5,b", "--out", str(tmp_path)])
 
 
 def test_the_cli_exits_with_one_line_on_a_bad_path(tmp_path):

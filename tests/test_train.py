@@ -5,6 +5,7 @@ sample_cache), and the tiny preset.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,6 +220,53 @@ def test_sequence_length_warm_up_shows_in_the_log_at_equal_tokens_per_step(sampl
 def test_token_budget_counts_all_tokens(sample_cache, tmp_path):
     summary = run(sample_cache, tmp_path, "--max-tokens", "2560", "--batch-ramp", "0")
     assert summary["tokens"] == 2560 and summary["steps"] == 10
+
+
+def two_source_mixture(folder):
+    """--data for a mixture of two sources made of whole works of the sample: plays 0.7, sonnets 0.3."""
+    import data
+    works = list(data.iter_documents(data.SAMPLE_CORPUS))
+    for name, docs in (("plays", works[:4]), ("sonnets", works[4:6])):
+        with open(folder / f"{name}.jsonl", "w") as f:
+            f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
+    return f"{folder / 'plays.jsonl'}:0.7,{folder / 'sonnets.jsonl'}:0.3"
+
+
+def run_mixture(mixture, cache, out, *flags):
+    return train.main(["--data", mixture, *TINY[2:], "--cache", str(cache), "--out", str(out), *flags])
+
+
+def test_a_mixture_run_logs_each_sources_held_out_loss_and_how_often_it_read_each(tmp_path, capsys):
+    mixture = two_source_mixture(tmp_path)
+    summary = run_mixture(mixture, tmp_path / "cache", tmp_path / "out", "--max-steps", "4", "--eval-every", "0.5")
+    evals = [r for r in read_log(tmp_path / "out") if r["kind"] == "eval"]
+    assert len(evals) == 3 and evals[0]["step"] == 0 and evals[-1]["step"] == 4
+    for r in evals:
+        by = r["val_loss_by_source"]
+        assert set(by) == {"plays", "sonnets"} and r["val_loss"] == pytest.approx(0.7 * by["plays"] + 0.3 * by["sonnets"])
+    assert summary["val_loss_by_source"] == evals[-1]["val_loss_by_source"]
+    assert summary["final_val_loss"] == evals[-1]["val_loss"]
+    assert set(summary["epochs_by_source"]) == {"plays", "sonnets"} and summary["epochs_by_source"]["plays"] > 0
+    out = capsys.readouterr().out                                            # the progress line names each source
+    assert re.search(r"50% held-out loss \d\.\d{3} \(plays \d\.\d{3}, sonnets \d\.\d{3}\)", out)
+
+
+def test_a_mixture_run_stopped_dead_and_resumed_ends_with_the_same_weights(tmp_path, monkeypatch):
+    mixture, flags = two_source_mixture(tmp_path), ["--max-steps", "40", "--checkpoint-steps", "10"]
+    run_mixture(mixture, tmp_path / "cache", tmp_path / "straight", *flags)
+    real = train.checkpoint
+
+    def crash_after_the_first_checkpoint(*args):  # an in-process kill: nothing after the checkpoint is saved
+        real(*args)
+        raise RuntimeError("killed")
+    monkeypatch.setattr(train, "checkpoint", crash_after_the_first_checkpoint)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_mixture(mixture, tmp_path / "cache", tmp_path / "killed", *flags)
+    monkeypatch.setattr(train, "checkpoint", real)
+    summary = run_mixture(mixture, tmp_path / "cache", tmp_path / "killed", "--resume", *flags)
+    assert summary["steps"] == 40
+    a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 # --- fault tolerance --------------------------------------------------------------------

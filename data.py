@@ -739,7 +739,7 @@ def _write_shards(tmp, files, sep, itemsize, settings, workers, progress, prefix
     """Stream the corpus through the workers; drop empty, duplicate and incompressible documents; append the
     rest (each followed by [SEP]) to train_00000.bin ... / val_00000.bin ... (after prefix, a mixture's source
     folder). Returns (splits, report); splits also count the kept documents' whitespace words."""
-    report = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "invalid_utf8": {},
+    report = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "words_out": 0, "invalid_utf8": {},
               "removed": {s: {"documents": 0, "bytes": 0} for s in
                           ("normalize", "lowercase", "strip_accents", "empty", "duplicate", "compressibility")}}
     splits = {s: {"files": [], "tokens": 0, "documents": 0, "words": 0, "f": None, "n": 0} for s in ("train", "val")}
@@ -770,6 +770,7 @@ def _write_shards(tmp, files, sep, itemsize, settings, workers, progress, prefix
             sp = splits[split]
             report["documents_out"] += 1
             report["bytes_out"] += kept
+            report["words_out"] += nwords
             if sp["f"] is None:  # start a new shard file, header zeroed until the count is known
                 sp["files"].append(f"{prefix}{split}_{len(sp['files']):05d}.bin")
                 sp["f"], sp["n"] = open(os.path.join(tmp, sp["files"][-1]), "wb"), 0
@@ -962,7 +963,8 @@ def _source_entry(source, weight, chars, splits, report):
 
 def _sum_reports(reports):
     """The cleaning reports of several sources added up, as one corpus's report."""
-    total = {k: sum(r[k] for r in reports) for k in ("documents_in", "bytes_in", "documents_out", "bytes_out")}
+    total = {k: sum(r[k] for r in reports) for k in ("documents_in", "bytes_in", "documents_out", "bytes_out",
+                                                     "words_out")}
     total["invalid_utf8"] = {path: n for r in reports for path, n in r["invalid_utf8"].items()}
     total["removed"] = {step: {k: sum(r["removed"][step][k] for r in reports) for k in ("documents", "bytes")}
                         for step in reports[0]["removed"]}
@@ -1295,6 +1297,9 @@ def main(argv=None):
     print(f"invalid UTF-8:   {sum(r['invalid_utf8'].values()):,} sequences replaced")
     print(f"tokens:          {meta['train_tokens']:,} train / {meta['val_tokens']:,} val "
           f"({r['bytes_out'] / max(1, meta['train_tokens'] + meta['val_tokens']):.2f} bytes/token)")
+    if "words_out" in r:  # fertility: text tokens (without the [SEP] after each document) per whitespace word
+        text_tokens = meta["train_tokens"] + meta["val_tokens"] - meta["train_documents"] - meta["val_documents"]
+        print(f"fertility:       {text_tokens / max(1, r['words_out']):.2f} tokens per whitespace word")
     for s in meta.get("sources", []):
         print(f"  {s['name'] + ':':16s} weight {s['weight']:.3f}, {s['train_tokens']:,} train / "
               f"{s['val_tokens']:,} val tokens, {s['bytes_per_token']:.2f} bytes/token, "

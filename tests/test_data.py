@@ -635,6 +635,16 @@ def test_fertility_is_tokens_per_whitespace_word_for_each_source(tmp_path, capsy
     assert "b:               weight 0.500, 27 train / 9 val tokens, 1.00 bytes/token, 4.00 tokens/word" in out
 
 
+def test_one_corpus_reports_its_fertility_too(tmp_path, capsys):
+    tok = str(tmp_path / "bytes.json")
+    data.save_tokenizer(data.train_tokenizer(["x"], 320), tok)
+    a = write_jsonl(tmp_path / "a.jsonl", ["ab cd ef"] * 4)
+    meta = data.main(["--data", a, "--out", str(tmp_path / "cache"), "--tokenizer", tok, "--no-dedup",
+                      "--workers", "1", "--val-fraction", "0.25"])
+    assert meta["report"]["words_out"] == 12
+    assert "fertility:       2.67 tokens per whitespace word" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------------- downloads
 
 class FixtureHandler(http.server.SimpleHTTPRequestHandler):

@@ -345,6 +345,22 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(sample_ca
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
+def test_two_process_ddp_on_a_mixture_equals_one_process(sample_cache, tmp_path):
+    mixture = ["--data", two_source_mixture(tmp_path), "--cache", str(tmp_path / "cache")]
+    flags = [*mixture, "--max-steps", "5", "--batch-ramp", "0", "--batch-tokens", "256", "--eval-every", "1"]
+    single = run(sample_cache, tmp_path / "single", *flags, "--micro-batch", "8")
+    proc = spawn(sample_cache, tmp_path / "ddp", *flags, "--micro-batch", "4",
+                 launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-2000:]
+    ddp = json.load(open(tmp_path / "ddp" / "summary.json"))
+    a, b = weights(tmp_path / "single" / "final"), weights(tmp_path / "ddp" / "final")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert ddp["epochs_by_source"] == single["epochs_by_source"]              # the same global stream
+    for name, loss in single["val_loss_by_source"].items():                  # each rank held out its slice
+        assert ddp["val_loss_by_source"][name] == pytest.approx(loss, abs=1e-4)
+
+
 # --- command line -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags,message", [

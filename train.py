@@ -1353,8 +1353,17 @@ def finish(run, state, net, optimizer, loader, status):
         print(sample)
         data.atomic_write(os.path.join(args.out, "summary.json"),
                           lambda f: f.write(json.dumps(summary, indent=2).encode()))
-        print("\n".join(f"{k:>16}: {v:.4g}" if isinstance(v, float) else f"{k:>16}: {v}" for k, v in summary.items()))
+        print(summary_text(summary))
     return summary
+
+
+def summary_text(summary):
+    """The printed summary: one 'key: value' line each, floats to 4 significant digits (summary.json keeps all)."""
+    def shown(v):
+        return f"{v:.4g}" if isinstance(v, float) else \
+            "{" + ", ".join(f"{k}: {shown(x)}" for k, x in v.items()) + "}" if isinstance(v, dict) else str(v)
+    width = max(map(len, summary))
+    return "\n".join(f"{k:>{width}}: {shown(v)}" for k, v in summary.items())
 
 
 RENAMED_FLAGS = {"seq_len": "max_seq_len", "ffn": "activation"}  # in args.json of runs saved before the rename

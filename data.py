@@ -1246,16 +1246,20 @@ def make_loader(meta, split="train", objective="mlm", seed=0, rank=None, world_s
 
 # ----------------------------------------------------------------------------------------------------------
 
+# The two flags that name the data, shared with train.py's command line
+DATA_HELP = ("'sample' (bundled Shakespeare), 'fineweb' (FineWeb-Edu download), 'fineweb2:LANG' (FineWeb-2 download, "
+             "e.g. fineweb2:fra_Latn), a file/folder of .txt/.jsonl/.jsonl.gz/.parquet, or a mixture of these: "
+             "'SOURCE:WEIGHT,SOURCE:WEIGHT,...' (docs/data.md: mixtures)")
+MIX_TEMPERATURE_HELP = ("weight a mixture's sources by size^(1/T), size in characters (XLM's language sampling): "
+                        "1 = by size, larger = flatter; the sources then take no weights")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="data.py", description="Prepare a corpus: clean, train a tokenizer, write token "
                                 "shards.", usage="%(prog)s --data DATA [--out CACHE] [flags]  (--help lists them)")
     # Data
-    p.add_argument("--data", default="sample", help="'sample' (bundled Shakespeare), 'fineweb' (download), "
-                   "'fineweb2:LANG' (FineWeb-2 download, e.g. fineweb2:fra_Latn), a file/folder of "
-                   ".txt/.jsonl/.jsonl.gz/.parquet, or a mixture of these: 'SOURCE:WEIGHT,SOURCE:WEIGHT,...'")
-    p.add_argument("--mix-temperature", type=float, default=None, metavar="T",
-                   help="weight a mixture's sources by size^(1/T) (size in characters; XLM, BLOOM): 1 = by size, "
-                   "larger = flatter; the sources then take no weights")
+    p.add_argument("--data", default="sample", help=DATA_HELP)
+    p.add_argument("--mix-temperature", type=float, default=None, metavar="T", help=MIX_TEMPERATURE_HELP)
     p.add_argument("--out", dest="cache_dir", metavar="OUT", default="cache",
                    help="cache folder; results land in OUT/<name>-<settings hash>/")
     p.add_argument("--fineweb-shards", type=int, default=None,

@@ -67,12 +67,8 @@ def parse_args(argv=None):
     g.add_argument("--max-steps", type=int, default=None, help="budget in optimizer steps")
     g.add_argument("--max-tokens", type=float, default=None, help="budget in training tokens (all ranks)")
     g = p.add_argument_group("data")
-    g.add_argument("--data", default="fineweb", help="'fineweb' (download FineWeb-Edu shards), 'sample' (bundled "
-                   "Shakespeare), 'fineweb2:LANG' (FineWeb-2, e.g. fineweb2:fra_Latn), a file/folder of "
-                   ".txt/.jsonl/.jsonl.gz/.parquet, or a mixture 'SOURCE:WEIGHT,SOURCE:WEIGHT,...' (docs/data.md)")
-    g.add_argument("--mix-temperature", type=float, default=None, metavar="T",
-                   help="weight the --data sources by size^(1/T), size in characters (XLM, BLOOM): 1 = by size, "
-                   "larger = flatter; the sources then take no weights")
+    g.add_argument("--data", default="fineweb", help=data.DATA_HELP)
+    g.add_argument("--mix-temperature", type=float, default=None, metavar="T", help=data.MIX_TEMPERATURE_HELP)
     g.add_argument("--cache", default="cache", help="folder for downloads, tokenizer and token shards")
     g.add_argument("--vocab-size", type=int, default=None,
                    help="tokenizer vocabulary (default: by model, 512 for tiny up to cramming's 32768 for base)")

@@ -1053,9 +1053,9 @@ class Loader:
             perm = self._perms[epoch] = np.append(order, n_full) if self.shuffle else np.arange(n_full + 1)
         return perm
 
-    def _read(self, pos, shift=0):
+    def _read(self, pos, shift=0, out=None):
         """(B, L) ascending stream positions, plus shift (where a mixture's run of blocks starts in this stream)
-        -> (B, L) int64 tokens."""
+        -> (B, L) int64 tokens, written into out when given (a mixture's batch, one run of blocks at a time)."""
         n = self.n_tokens
         first, last = (int(pos[0, 0]) + shift) // n, (int(pos[-1, -1]) + shift) // n
         if first == last:  # usually one epoch per batch
@@ -1068,9 +1068,11 @@ class Loader:
                 sel = epoch == e
                 block[sel] = self._perm(e)[block[sel]]
         src = block * self.block + offset
+        out = np.empty(src.shape, dtype=np.int64) if out is None else out
         if len(self.shards) == 1:
-            return self.shards[0][src].astype(np.int64)
-        out, which = np.empty(src.shape, dtype=np.int64), np.searchsorted(self.starts, src, side="right") - 1
+            out[...] = self.shards[0][src]
+            return out
+        which = np.searchsorted(self.starts, src, side="right") - 1
         for i in np.unique(which):
             sel = which == i
             out[sel] = self.shards[i][src[sel] - self.starts[i]]
@@ -1199,7 +1201,7 @@ class MixtureLoader(Loader):
         edges = [0, *np.searchsorted(flat, [k * self.block for _, _, k in runs[1:]]), flat.size]
         out = np.empty(flat.shape, dtype=np.int64)
         for (s, shift, _), a, b in zip(runs, edges[:-1], edges[1:]):
-            out[a:b] = self.parts[s]._read(flat[None, a:b], shift)[0]
+            self.parts[s]._read(flat[None, a:b], shift, out[None, a:b])
         return out.reshape(pos.shape)
 
     def tokens_drawn(self):

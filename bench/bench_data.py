@@ -21,6 +21,7 @@ import argparse
 import glob
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -147,14 +148,21 @@ def french_messages(max_chars, folder="/usr/share/locale/fr/LC_MESSAGES"):
     return docs
 
 
-def time_batches(loader, B, T, n=10):
-    """CPU seconds per next_batch over the stream's first n batches (the same ones at every call). CPU time, not
-    wall time: on a shared machine another process's load then does not count (the loader runs in this thread)."""
-    loader.position = 0
-    t0 = time.process_time()
-    for _ in range(n):
-        loader.next_batch(B, T)
-    return (time.process_time() - t0) / n
+def paired_batch_times(mixed, single, B, T, pairs=300, distinct=10):
+    """Seconds of next_batch for the mixture and for one source at the same stream position, in interleaved
+    pairs (which one goes first alternates), over the stream's first `distinct` batches again and again. A load
+    change on a shared machine then hits both sides of a pair alike, and the median of the pair ratios is stable
+    where a ratio of two separate bests is not."""
+    stride = T - 2 if mixed.objective == "mlm" else T
+    times = {"mixture": [], "single": []}
+    for i in range(pairs):
+        order = (("mixture", mixed), ("single", single)) if i % 2 == 0 else (("single", single), ("mixture", mixed))
+        for name, loader in order:
+            loader.position = (i % distinct) * B * stride
+            t0 = time.perf_counter()
+            loader.next_batch(B, T)
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def bench_mixture(args, cache):
@@ -173,19 +181,19 @@ def bench_mixture(args, cache):
         out["temperatures"].append({"T": T, "sources": [
             {k: s[k] for k in ("name", "weight", "chars", "train_tokens", "bytes_per_token", "tokens_per_word")}
             for s in meta["sources"]]})
-    # the loader: the last mixture against its English source alone (today's Loader over the same shards);
-    # many short repeats, interleaved, and the best of each kept: a load change on a shared machine hits both
+    # the loader: the last mixture against its English source alone (today's Loader over the same shards)
     english = meta["sources"][0]["name"]
     out["loader"] = []
     for B in sorted({args.batch_size, 256}):
         mixed = data.make_loader(meta, "train", "mlm", seed=0, prefetch=False)
         single = data.make_loader(meta, "train", "mlm", seed=0, prefetch=False, source=english)
-        best = {"mixture": float("inf"), "single": float("inf")}
-        for _ in range(args.repeat * 10):
-            for name, loader in (("mixture", mixed), ("single", single)):
-                best[name] = min(best[name], time_batches(loader, B, args.seq_len))
-        out["loader"].append({"batch_size": B, "mixture_ms": 1e3 * best["mixture"], "single_ms": 1e3 * best["single"],
-                              "ratio": best["mixture"] / best["single"], "epochs": mixed.epochs()})
+        times = paired_batch_times(mixed, single, B, args.seq_len, pairs=args.repeat * 100)
+        ratios = [m / s for m, s in zip(times["mixture"], times["single"])]
+        quartiles = statistics.quantiles(ratios, n=4)
+        out["loader"].append({"batch_size": B, "mixture_ms": 1e3 * statistics.median(times["mixture"]),
+                              "single_ms": 1e3 * statistics.median(times["single"]),
+                              "ratio": statistics.median(ratios), "ratio_quartiles": [quartiles[0], quartiles[2]],
+                              "epochs": mixed.epochs()})
     return out
 
 
@@ -198,14 +206,17 @@ def print_mixture(r, seq_len):
                            f"{s['bytes_per_token']:.3f} bytes/token" for s in t["sources"])
         print(f"  T = {t['T']:<5.3g}           {cells}")
     for row in r["loader"]:
+        low, high = row["ratio_quartiles"]
         print(f"loader, B={row['batch_size']:<4d} x {seq_len}: mixture {row['mixture_ms']:.3f} ms | one source "
-              f"{row['single_ms']:.3f} ms per batch | ratio {row['ratio']:.3f} (target < 1.10)")
+              f"{row['single_ms']:.3f} ms per batch (medians) | ratio {row['ratio']:.3f}, middle half "
+              f"{low:.3f}-{high:.3f} (target < 1.10)")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size of both tokenizers (tokens)")
-    p.add_argument("--repeat", type=int, default=3, help="timing repeats; the best is reported")
+    p.add_argument("--repeat", type=int, default=3, help="timing repeats; the best is reported (--mixture: "
+                   "100 interleaved pairs each, the median reported)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per training step")
     p.add_argument("--max-seq-len", "--seq-len", dest="seq_len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=5, help="timed training steps per loader setting")

@@ -1198,7 +1198,10 @@ class MixtureLoader(Loader):
                 runs.append([s, (j - k) * self.block, k])
         if len(runs) == 1:                               # the usual case: the batch lies in one run
             return self.parts[runs[0][0]]._read(pos, runs[0][1])
-        edges = [0, *np.searchsorted(flat, [k * self.block for _, _, k in runs[1:]]), flat.size]
+        if int(flat[-1]) - int(flat[0]) == flat.size - 1:  # MLM windows lie back to back: positions are consecutive
+            edges = [0, *(k * self.block - int(flat[0]) for _, _, k in runs[1:]), flat.size]
+        else:                                              # CLM windows overlap by one token
+            edges = [0, *np.searchsorted(flat, [k * self.block for _, _, k in runs[1:]]), flat.size]
         out = np.empty(flat.shape, dtype=np.int64)
         for (s, shift, _), a, b in zip(runs, edges[:-1], edges[1:]):
             self.parts[s]._read(flat[None, a:b], shift, out[None, a:b])

@@ -516,6 +516,16 @@ def test_mixture_proportions_hold_within_a_percent_over_many_batches(tmp_path):
     assert abs(drawn["s0"] / loader.position - 0.7) < 0.01
 
 
+@pytest.mark.parametrize("overlap", [0, 1], ids=["mlm-back-to-back", "clm-overlapping"])
+def test_a_batch_of_many_blocks_reads_each_position_from_its_own_blocks_source(tmp_path, overlap):
+    parts = [np.arange(6400) % 50, 50 + np.arange(6400) % 50]
+    loader = data.make_loader(fake_mixture(tmp_path, parts, [0.7, 0.3]), "train", "mlm", seed=0, block_tokens=64)
+    starts = 1000 + 30 * np.arange(12)                                      # 12 windows over ~6 blocks
+    pos = starts[:, None] + np.arange(30 + overlap)                         # overlap: windows share a token
+    one_at_a_time = [loader._read(np.array([[p]]))[0, 0] for p in pos.ravel()]
+    assert loader._read(pos).ravel().tolist() == one_at_a_time
+
+
 def test_a_small_source_is_repeated_to_its_weight_and_its_epochs_are_reported(tmp_path):
     small, big = 1000 + np.arange(640), np.arange(64000) % 1000           # 10 blocks of 64 against 1,000
     loader = data.make_loader(fake_mixture(tmp_path, [big, small], [0.5, 0.5], n_ordinary=5000), "train", "clm",

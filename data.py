@@ -738,11 +738,11 @@ def _meta(settings, enc, itemsize, report, splits):
 def _write_shards(tmp, files, sep, itemsize, settings, workers, progress, prefix=""):
     """Stream the corpus through the workers; drop empty, duplicate and incompressible documents; append the
     rest (each followed by [SEP]) to train_00000.bin ... / val_00000.bin ... (after prefix, a mixture's source
-    folder). Returns (splits, report); splits also count the kept documents' whitespace words."""
+    folder). Returns (splits, report); the report also counts the kept documents' whitespace words."""
     report = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "words_out": 0, "invalid_utf8": {},
               "removed": {s: {"documents": 0, "bytes": 0} for s in
                           ("normalize", "lowercase", "strip_accents", "empty", "duplicate", "compressibility")}}
-    splits = {s: {"files": [], "tokens": 0, "documents": 0, "words": 0, "f": None, "n": 0} for s in ("train", "val")}
+    splits = {s: {"files": [], "tokens": 0, "documents": 0, "f": None, "n": 0} for s in ("train", "val")}
     val_every = round(1 / settings["val_fraction"]) if settings["val_fraction"] > 0 else 0
     max_tpc, seen, sep = settings["max_tokens_per_char"], set(), np.array([sep], dtype=f"<u{itemsize}").tobytes()
     _UTF8["replaced"].clear()
@@ -779,7 +779,6 @@ def _write_shards(tmp, files, sep, itemsize, settings, workers, progress, prefix
             sp["n"] += toks.size + 1
             sp["tokens"] += toks.size + 1
             sp["documents"] += 1
-            sp["words"] += nwords
             if sp["n"] >= settings["shard_tokens"]:
                 _close_shard(sp, itemsize)
         for sp in splits.values():
@@ -953,12 +952,20 @@ def _source_entry(source, weight, chars, splits, report):
     and tokens_per_word (fertility: tokens per whitespace-separated word) count the documents' text, not the
     [SEP] after each; a language the tokenizer over-segments shows a high fertility."""
     both = lambda key: splits["train"][key] + splits["val"][key]  # noqa: E731
-    text_tokens = both("tokens") - both("documents")
+    bytes_per_token, tokens_per_word = text_ratios(report, both("tokens"), both("documents"))
     return {"name": source["name"], "source": source["source"], "weight": weight, "chars": chars,
             "train": splits["train"]["files"], "val": splits["val"]["files"],
             **{f"{s}_{k}": splits[s][k] for s in ("train", "val") for k in ("tokens", "documents")},
-            "words": both("words"), "bytes_per_token": round(report["bytes_out"] / max(1, text_tokens), 4),
-            "tokens_per_word": round(text_tokens / max(1, both("words")), 4), "report": report}
+            "words": report["words_out"], "bytes_per_token": bytes_per_token, "tokens_per_word": tokens_per_word,
+            "report": report}
+
+
+def text_ratios(report, tokens, documents):
+    """(bytes per token, tokens per whitespace word) of the kept documents' text, rounded to 4 digits: the
+    [SEP] after each document is not text, so it is not counted."""
+    text_tokens = tokens - documents
+    return (round(report["bytes_out"] / max(1, text_tokens), 4),
+            round(text_tokens / max(1, report["words_out"]), 4))
 
 
 def _sum_reports(reports):
@@ -1306,9 +1313,10 @@ def main(argv=None):
     print(f"invalid UTF-8:   {sum(r['invalid_utf8'].values()):,} sequences replaced")
     print(f"tokens:          {meta['train_tokens']:,} train / {meta['val_tokens']:,} val "
           f"({r['bytes_out'] / max(1, meta['train_tokens'] + meta['val_tokens']):.2f} bytes/token)")
-    if "words_out" in r:  # fertility: text tokens (without the [SEP] after each document) per whitespace word
-        text_tokens = meta["train_tokens"] + meta["val_tokens"] - meta["train_documents"] - meta["val_documents"]
-        print(f"fertility:       {text_tokens / max(1, r['words_out']):.2f} tokens per whitespace word")
+    if "words_out" in r:  # caches prepared before words were counted have no fertility
+        _, tokens_per_word = text_ratios(r, meta["train_tokens"] + meta["val_tokens"],
+                                         meta["train_documents"] + meta["val_documents"])
+        print(f"fertility:       {tokens_per_word:.2f} tokens per whitespace word")
     for s in meta.get("sources", []):
         print(f"  {s['name'] + ':':16s} weight {s['weight']:.3f}, {s['train_tokens']:,} train / "
               f"{s['val_tokens']:,} val tokens, {s['bytes_per_token']:.2f} bytes/token, "

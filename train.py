@@ -882,15 +882,13 @@ def val_text(run, val):
     return f"{val:.3f} ({each})" if each else f"{val:.3f}"
 
 
-def by_source(run):
-    """The log's extra field for a mixture: {"val_loss_by_source": {source: loss}} of the last evaluation."""
-    return {"val_loss_by_source": run.val_by_source} if run.val_by_source else {}
-
-
-def log_eval(run, state, p, val, **extra):
+def log_eval(run, state, p, val, elapsed=None, **extra):
+    """An 'eval' record in log.jsonl; elapsed defaults to the budget's clock now (the step-0 evaluation runs
+    before the clock exists, the final one after it has stopped)."""
+    elapsed = run.budget.elapsed() if elapsed is None else elapsed
+    each = {"val_loss_by_source": run.val_by_source} if run.val_by_source else {}  # a mixture's sources
     run.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
-             "elapsed": round(run.budget.elapsed(), 3), "progress": round(p, 5), "val_loss": val, **by_source(run),
-             **extra})
+             "elapsed": round(elapsed, 3), "progress": round(p, 5), "val_loss": val, **each, **extra})
 
 
 # -----------------------------------------------------------------------------
@@ -976,8 +974,7 @@ def start_clock(run, state, net, resumed):
     args = run.args
     if not resumed:
         val = evaluate(run, net)
-        run.log({"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0, "progress": 0.0,
-                 "val_loss": val, **by_source(run)})
+        log_eval(run, state, 0.0, val, elapsed=0.0)
         run.say(f"held-out loss before training: {val_text(run, val)}")
     budget = Budget(args, state.elapsed, run.device, run.world)
     if resumed:
@@ -1338,9 +1335,8 @@ def finish(run, state, net, optimizer, loader, status):
     if run.val_by_source:  # a mixture: each source's final loss, and how often the run read each source
         summary.update(val_loss_by_source=run.val_by_source, epochs_by_source=loader.epochs())
     if run.peak:
-        summary["mfu"] = round(summary["tokens_per_s"] * summary["flops_per_token"] / (run.peak * run.world), 4)
-    run.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
-             "elapsed": round(state.elapsed, 3), "progress": 1.0, "val_loss": val, **by_source(run)})
+        summary["mfu"] = round(state.flops / max(state.elapsed, 1e-9) / (run.peak * run.world), 4)  # as log_step
+    log_eval(run, state, 1.0, val, elapsed=state.elapsed)
     checkpoint(run, state, net, optimizer, loader)   # every rank: under FSDP each writes its shards,
     summary["final"] = save_final(run, net)          # and takes part in gathering the weights
     sample = run.samples(net)

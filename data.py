@@ -8,6 +8,7 @@
 
 Pipeline (each stage is a small function below; prepare_data() runs them all and caches the result):
 1. Sources. Documents are streamed file by file, never loaded whole, so RAM stays flat on big corpora.
+   Downloads (FineWeb-Edu, FineWeb-2) go through download.py: resumed, retried, renamed into place whole.
 2. Cleaning, after cramming's pipeline (Geiping & Goldstein, ICML 2023, arXiv 2212.14034): Unicode
    normalization, optional lowercasing and accent stripping (cramming does both; we keep case by default),
    exact-duplicate removal and a filter that drops documents needing too many tokens per character
@@ -35,8 +36,6 @@ import concurrent.futures
 import contextlib
 import gzip
 import hashlib
-import http.client
-import io
 import itertools
 import json
 import math
@@ -47,16 +46,14 @@ import shutil
 import signal
 import struct
 import sys
-import time
 import unicodedata
-import urllib.error
-import urllib.request
 
 import numpy as np
 import tiktoken
 import torch
 from tqdm import tqdm
 
+from download import HTTPStatusError, RemoteFile, download_file  # resumable, retried HTTP downloads
 from model import VOCAB_MULTIPLE, atomic_write, round_up  # one definition each, in the module everything imports
 
 SAMPLE_CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpora", "shakespeare.jsonl.gz")
@@ -67,7 +64,6 @@ FINEWEB2_LANG = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # ISO 639-3 language _ IS
 FINEWEB2_CHARS_PER_TOKEN = 5.0  # characters fetched per budgeted token: generous, as languages compress unlike
 FINEWEB2_DEFAULT_CHARS = 250e6  # without a token budget: about one FineWeb-Edu shard's worth
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
-DOWNLOAD_BACKOFF_S = 2.0      # first retry wait of a failed download (seconds), doubling per retry
 TXT_DOC_CHARS = 65536          # a .txt file is cut at blank lines into documents of about this many characters
 
 # GPT-4's split pattern with numbers grouped by at most 2 digits (nanochat: best at a 32K vocabulary).
@@ -170,125 +166,12 @@ def shards_for_tokens(n_tokens):
 OFFLINE_HINT = "use --data sample (bundled corpus) or --data PATH (local .txt/.jsonl/.parquet)"
 
 
-class HTTPStatusError(ValueError):
-    """A request the server refused (HTTP 4xx): the one-line message, and the status for callers that expect one."""
-
-    def __init__(self, message, status):
-        super().__init__(message)
-        self.status = status
-
-
-def _retrying(url, attempt, retries, backoff_s, hint):
-    """attempt() until it returns. Network errors, 5xx answers and short reads (OSError) are retried after
-    backoff_s, 2*backoff_s, ... (default DOWNLOAD_BACKOFF_S); a 4xx answer fails at once. Failure is a one-line
-    ValueError naming the URL, the reason and `hint` (what to do offline)."""
-    backoff_s = DOWNLOAD_BACKOFF_S if backoff_s is None else backoff_s
-    error = None
-    for i in range(retries):
-        if i:
-            time.sleep(backoff_s * 2 ** (i - 1))
-        try:
-            return attempt()
-        except urllib.error.HTTPError as e:
-            if 400 <= e.code < 500:
-                raise HTTPStatusError(f"cannot download {url}: HTTP {e.code} {e.reason}; {hint}", e.code) from None
-            error = e
-        except (OSError, http.client.HTTPException) as e:  # URLError (offline, refused), timeouts, short reads
-            error = e
-    reason = getattr(error, "reason", error)
-    raise ValueError(f"cannot download {url} after {retries} tries ({reason}); offline? {hint}")
-
-
-def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress=True, hint=OFFLINE_HINT):
-    """Download url to dest: resumes a dest.partial with an HTTP Range request, retries with exponential
-    backoff (_retrying), checks the byte count against Content-Length/Content-Range and renames into place at
-    the end. Existing files are not fetched again. Failure is a one-line ValueError (see _retrying)."""
-    if os.path.exists(dest):
-        return dest
-    part = dest + ".partial"
-
-    def attempt():
-        have = os.path.getsize(part) if os.path.exists(part) else 0
-        request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-                if resp.status == 206:  # the server resumes where the partial file ends
-                    total, mode = int(resp.headers.get("Content-Range", "/-1").rsplit("/", 1)[1]), "ab"
-                else:                   # a plain 200 ignores the range: start over
-                    have, total, mode = 0, int(resp.headers.get("Content-Length", -1)), "wb"
-                with open(part, mode) as f, tqdm(total=total if total >= 0 else None, initial=have, unit="B",
-                                                 unit_scale=True, desc=os.path.basename(dest),
-                                                 disable=not progress) as bar:
-                    while chunk := resp.read(1 << 20):
-                        f.write(chunk)
-                        bar.update(len(chunk))
-        except urllib.error.HTTPError as e:
-            if e.code == 416 and os.path.exists(part):  # the partial file does not fit the remote file: retry anew
-                os.remove(part)
-                raise OSError(f"HTTP 416 {e.reason}") from None
-            raise
-        size = os.path.getsize(part)
-        if total >= 0 and size != total:
-            raise OSError(f"got {size} bytes, expected {total}")
-        os.replace(part, dest)
-        return dest
-    return _retrying(url, attempt, retries, backoff_s, hint)
-
-
 def download_fineweb(n_shards, out_dir, base_url=FINEWEB_URL, **kwargs):
     """Fetch FineWeb-Edu shards shard_00000.parquet ... (first n_shards) into out_dir; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     return [download_file(f"{base_url.rstrip('/')}/shard_{i:05d}.parquet",
-                          os.path.join(out_dir, f"shard_{i:05d}.parquet"), **kwargs) for i in range(n_shards)]
-
-
-def fetch_range(url, start, end, retries=5, backoff_s=None, timeout_s=60.0, hint=OFFLINE_HINT):
-    """(bytes start..end-1 of a remote file, the file's size) by one HTTP Range request, retried like
-    download_file. A short answer is retried; a server that ignores Range is a one-line error, never a silent
-    download of the whole (multi-GB) file."""
-    def attempt():
-        request = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end - 1}"})
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            if resp.status != 206:
-                raise ValueError(f"cannot fetch part of {url}: the server ignores HTTP Range requests "
-                                 f"(status {resp.status})")
-            size = int(resp.headers.get("Content-Range", "/-1").rsplit("/", 1)[1])
-            body = resp.read()
-        if len(body) != min(end, size) - start:
-            raise OSError(f"got {len(body)} bytes of {url} at {start}, expected {min(end, size) - start}")
-        return body, size
-    return _retrying(url, attempt, retries, backoff_s, hint)
-
-
-class RemoteFile(io.RawIOBase):
-    """A remote file read through HTTP Range requests (fetch_range), for pyarrow: it reads a parquet file's
-    footer and then only the column chunks asked for, so one row group is fetched without the file around it."""
-
-    def __init__(self, url, **kwargs):
-        super().__init__()
-        self.url, self.kwargs, self.pos = url, kwargs, 0
-        self.size = fetch_range(url, 0, 1, **kwargs)[1]  # Content-Range carries the size
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def tell(self):
-        return self.pos
-
-    def seek(self, offset, whence=os.SEEK_SET):
-        self.pos = [offset, self.pos + offset, self.size + offset][whence]
-        return self.pos
-
-    def read(self, n=-1):
-        end = self.size if n is None or n < 0 else min(self.size, self.pos + n)
-        if end <= self.pos:
-            return b""
-        body, _ = fetch_range(self.url, self.pos, end, **self.kwargs)
-        self.pos = end
-        return body
+                          os.path.join(out_dir, f"shard_{i:05d}.parquet"), **{"hint": OFFLINE_HINT, **kwargs})
+            for i in range(n_shards)]
 
 
 def download_fineweb2(lang, out_dir, max_chars, base_url=FINEWEB2_URL, progress=True, **kwargs):

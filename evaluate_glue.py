@@ -33,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 import data
+import download
 import model
 import train
 
@@ -329,11 +330,11 @@ MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
 
 
 def fetch(url, dest, retries=3, retry_wait_s=2.0):
-    """data.py's downloader (retries with backoff, resume, size check, atomic rename, progress bar); a failure
+    """download.py's downloader (retries with backoff, resume, size check, atomic rename, progress bar); a failure
     stops the run with one line."""
     try:
-        return data.download_file(url, dest, retries=retries, backoff_s=retry_wait_s,
-                                  hint="set --download-url to a reachable mirror")
+        return download.download_file(url, dest, retries=retries, backoff_s=retry_wait_s,
+                                      hint="set --download-url to a reachable mirror")
     except ValueError as e:
         raise SystemExit(f"download failed: {e}") from None
 

@@ -20,6 +20,7 @@ import tiktoken.registry
 import torch
 
 import data
+import download
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "ta", "shi", "po", "ven", "dar", "el", "gu"]
 
@@ -715,7 +716,7 @@ def test_download_resumes_a_partial_file_with_a_range_request(server, tmp_path):
     body = os.urandom(100_000)
     (root / "f.bin").write_bytes(body)
     (tmp_path / "f.bin.partial").write_bytes(body[:40_000])
-    data.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), progress=False)
+    download.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), progress=False)
     assert (tmp_path / "f.bin").read_bytes() == body and handler.log == [("/f.bin", "bytes=40000-")]
     assert not (tmp_path / "f.bin.partial").exists()
 
@@ -725,7 +726,7 @@ def test_download_starts_over_when_the_server_ignores_range(server, tmp_path):
     handler.ignore_range = True
     (root / "f.bin").write_bytes(b"x" * 5000)
     (tmp_path / "f.bin.partial").write_bytes(b"junk")
-    data.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), progress=False)
+    download.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), progress=False)
     assert (tmp_path / "f.bin").read_bytes() == b"x" * 5000
 
 
@@ -734,7 +735,7 @@ def test_cut_off_download_is_retried_and_resumed(server, tmp_path):
     handler.truncate_first = True
     body = os.urandom(50_000)
     (root / "f.bin").write_bytes(body)
-    data.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), backoff_s=0, progress=False)
+    download.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), backoff_s=0, progress=False)
     assert (tmp_path / "f.bin").read_bytes() == body
     assert handler.log == [("/f.bin", None), ("/f.bin", "bytes=25000-")]
 
@@ -742,12 +743,12 @@ def test_cut_off_download_is_retried_and_resumed(server, tmp_path):
 def test_missing_remote_file_fails_at_once(server, tmp_path):
     _, url, handler = server
     with pytest.raises(ValueError, match="HTTP 404"):
-        data.download_file(f"{url}/nope.bin", str(tmp_path / "nope.bin"), backoff_s=0, progress=False)
+        download.download_file(f"{url}/nope.bin", str(tmp_path / "nope.bin"), backoff_s=0, progress=False)
     assert len(handler.log) == 1
 
 
 def test_offline_download_error_is_one_line_naming_the_alternatives(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "DOWNLOAD_BACKOFF_S", 0.0)
+    monkeypatch.setattr(download, "DOWNLOAD_BACKOFF_S", 0.0)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -814,7 +815,7 @@ def test_fineweb2_unknown_language_offline_or_without_range_support_is_a_one_lin
     handler.ignore_range = True
     with pytest.raises(ValueError, match="the server ignores HTTP Range requests"):
         data.download_fineweb2("fra_Latn", str(tmp_path / "f"), 100, url, progress=False)
-    monkeypatch.setattr(data, "DOWNLOAD_BACKOFF_S", 0.0)
+    monkeypatch.setattr(download, "DOWNLOAD_BACKOFF_S", 0.0)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"

@@ -36,6 +36,10 @@ import numpy as np
 # -----------------------------------------------------------------------------
 # Accounting: hardware peaks, and hours x GPUs x MFU -> FLOPs -> tokens
 
+# The model FLOPs utilization every plan assumes: what a well-tuned small-model run reaches (nanoGPT measures
+# ~37% on an A100; PaLM App. B defines MFU). train.py's defaults and download size use it too (planning.py)
+PLANNING_MFU = 0.4
+
 # Dense (no 2:4 sparsity) tensor-core peak FLOP/s for bf16 inputs with fp32 accumulation, per GPU, from the vendor
 # datasheets / architecture whitepapers (the same values as nanochat's get_peak_flops table where they overlap).
 # GeForce cards accumulate in fp32 at half their fp16-accumulate rate; pre-Ampere cards have no bf16, so their fp16

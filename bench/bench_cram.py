@@ -87,7 +87,10 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path[:0] = [ROOT, BENCH]  # the project's modules and bench_model.py, also when imported from tests
 import data  # noqa: E402
+import flags  # noqa: E402
 import model  # noqa: E402
+import parallel  # noqa: E402
+import planning  # noqa: E402
 import train  # noqa: E402
 from bench_model import hf_bert  # noqa: E402
 
@@ -115,8 +118,8 @@ def ours_argv(args, seed, out):
     """train.py's command line for our run: the base preset's block (train.py's "auto" would pick a preset by
     budget) at the bench's shape. --ours-flags come last, so they win over everything before them."""
     extra = shlex.split(args.ours_flags)
-    probe = train.parse_args(["--max-steps", "1", "--model", "base", "--max-seq-len", str(args.max_seq_len), *extra])
-    activation = train.model_config(probe, args.vocab_size)["activation"]
+    probe = flags.parse_args(["--max-steps", "1", "--model", "base", "--max-seq-len", str(args.max_seq_len), *extra])
+    activation = planning.model_config(probe, args.vocab_size)["activation"]
     return ["--data", args.data, "--cache", args.cache, "--vocab-size", str(args.vocab_size), "--model", "base",
             "--n-layers", str(args.n_layers), "--d-model", str(args.d_model), "--n-heads", str(args.n_heads),
             "--ffn-dim", str(ours_ffn_dim(args.ffn_dim, activation)), "--max-seq-len", str(args.max_seq_len),
@@ -181,8 +184,8 @@ def hf_evaluate(net, meta, s, device, dtype):
 
 def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
     """Train HF BERT for the wall-clock budget at peak learning rate lr. s: our run's parsed train.py args."""
-    device, _, _ = train.setup_device(s.device)
-    dtype = train.autocast_dtype(s.dtype, device)
+    device, _, _ = parallel.setup_device(s.device)
+    dtype = parallel.autocast_dtype(s.dtype, device)
     torch.manual_seed(seed)
     net = hf_model(cfg, hf_intermediate).to(device).train()
     params = [p for p in net.parameters() if p.requires_grad]
@@ -197,14 +200,14 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
     state = train.RunState()
     curve, status, next_eval = [], "budget spent", EVAL_EVERY
     while True:
-        p, _, _ = budget.now(state)
+        p = budget.progress(state.step, state.tokens, budget.elapsed())
         if p >= 1.0:
             break
         for group in optimizer.param_groups:
             group["lr"] = lr * train.lr_multiplier(p, "linear", HF_WARMUP)
         loss_sum, done, micro_seconds = torch.zeros((), device=device), 0, 0.0
         for micro in range(accum):
-            last = micro == accum - 1 or (micro > 0 and train.ends_past_deadline(budget, state, micro_seconds))
+            last = micro == accum - 1 or (micro > 0 and train.ends_past_deadline(budget, state, device, 1, micro_seconds))
             started = time.time()
             loss = hf_loss(run_net, loader.next_batch(s.micro_batch, s.max_seq_len), dtype)
             (loss / accum).backward()
@@ -214,7 +217,9 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
         if not math.isfinite(loss_sum.item()):  # diverged (too high a rate for post-LN BERT); one GPU wait per step
             status = "diverged"
             break
-        train.mean_over_done(net, accum, done)
+        if done < accum:  # cut at the deadline: the mean over the micro-batches done, as train.py's
+            for param in (q for q in net.parameters() if q.grad is not None):
+                param.grad.mul_(accum / done)
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -570,7 +575,7 @@ def parse_args(argv=None):
     p.add_argument("--n-heads", type=int, default=4, help="attention heads (default: 4)")
     p.add_argument("--ffn-dim", type=int, default=512, help="HF's intermediate size (default: 512 = 4 d); ours "
                    "gets the same weights: 2/3 of it for a gated FFN, rounded to a multiple of 32")
-    p.add_argument("--max-seq-len", "--seq-len", type=int, default=128, help="tokens per sequence (alias --seq-len)")
+    p.add_argument("--max-seq-len", "--max-seq-len", type=int, default=128, help="tokens per sequence (alias --seq-len)")
     p.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary (default: 4096)")
     # Batch and evaluation, shared by both models
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per optimizer step (default: 4096)")
@@ -622,12 +627,12 @@ def run_all(args):
     """Every run, one at a time: per seed ours, then HF at each learning rate. Then the downstream check."""
     threads = args.threads or torch.get_num_threads()  # the same for every run
     lrs = [] if args.skip_hf else [float(x) for x in args.hf_lrs.split(",") if x.strip()]
-    s = train.parse_args(ours_argv(args, 0, args.out))  # our settings as train.py resolves them
-    if lrs and not train.budget_seconds(s):
+    s = flags.parse_args(ours_argv(args, 0, args.out))  # our settings as train.py resolves them
+    if lrs and not planning.budget_seconds(s):
         raise SystemExit("error: HF runs need a wall-clock budget (--minutes)")
-    device, _, _ = train.setup_device(s.device)
+    device, _, _ = parallel.setup_device(s.device)
     meta = train.prepare(s, device, 0, 1)  # the same cache entry train.py uses
-    cfg = train.model_config(s, meta["n_vocab"])
+    cfg = planning.model_config(s, meta["n_vocab"])
     order = [f"{'ours' if lr is None else f'hf lr {lr:g}'} seed {seed}"
              for seed in range(args.seeds) for lr in [None, *lrs]]
     print("runs, one at a time: " + ", ".join(order))
@@ -643,7 +648,7 @@ def run_all(args):
                 print(f"HF BERT lr {lr:g}: {r['status']}, {r['tokens']:,} tokens, {r['tokens_per_s']:,} tokens/s, "
                       f"final held-out loss {fmt(r['final_loss'], '.3f')}")
     settings = {**vars(args), "threads": threads, "device": str(device), "ours_ffn_dim": s.ffn_dim,
-                "dtype": str(train.autocast_dtype(s.dtype, device)).replace("torch.", ""), "order": order,
+                "dtype": str(parallel.autocast_dtype(s.dtype, device)).replace("torch.", ""), "order": order,
                 "hf_recipe": {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "clip": 1.0,
                               "warmup": HF_WARMUP, "schedule": "linear to 0 at the deadline", "dropout": 0.0}}
     results = {"settings": settings, "runs": runs}

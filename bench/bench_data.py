@@ -218,7 +218,7 @@ def main():
     p.add_argument("--repeat", type=int, default=3, help="timing repeats; the best is reported (--mixture: "
                    "100 interleaved pairs each, the median reported)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per training step")
-    p.add_argument("--max-seq-len", "--seq-len", dest="seq_len", type=int, default=128, help="tokens per sequence")
+    p.add_argument("--max-seq-len", "--max-seq-len", dest="seq_len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=5, help="timed training steps per loader setting")
     p.add_argument("--assumed-tflops", type=float, default=400.0,
                    help="achieved GPU throughput (TFLOP/s) for the estimated crammed-base step time")

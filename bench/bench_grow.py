@@ -37,8 +37,10 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path[:0] = [ROOT, BENCH]
 import data  # noqa: E402
+import flags  # noqa: E402
 import grow  # noqa: E402
 import model  # noqa: E402
+import planning  # noqa: E402
 from bench_cram import time_to_loss  # noqa: E402
 from bench_recipe import check_lane_args, lane_bench_parser, run_lanes  # noqa: E402
 
@@ -52,9 +54,9 @@ BASELINES = ("static lr x0.5", "static lr x1", "static lr x2", "static half dept
 def target_config(train_flags):
     """The target model's config and the width rule's learning rate, as train.py resolves --train-flags."""
     import train
-    args = train.parse_args(["--max-steps", "1", *shlex.split(train_flags)])
-    cfg = train.model_config(args, args.vocab_size or 512)
-    return cfg, args.lr or round(1e-3 * 768 / cfg["d_model"], 6)  # train.choose_defaults' rule
+    args = flags.parse_args(["--max-steps", "1", *shlex.split(train_flags)])
+    cfg = planning.model_config(args, args.vocab_size or 512)
+    return cfg, args.lr or round(1e-3 * 768 / cfg["d_model"], 6)  # planning.choose_defaults' rule
 
 
 def stages(cfg, keys, method=None):

@@ -77,7 +77,7 @@ def test_train_device_cuda_without_a_gpu_is_a_one_line_error(tmp_path, capsys):
     (["--model", "tiny", "--d-model", "63"], "--n-heads (4) must divide --d-model (63)"),
     (["--model", "tiny", "--n-heads", "5"], "--n-heads (5) must divide --d-model (64)"),
     (["--model", "tiny", "--grow", "0:layers=1; 0.5:layers=banana"], "--grow"),
-    (["--model", "tiny", "--seq-len", "8", "--mask-rate", "0.05"], "--mask-rate 0.05 masks 0 of 8 tokens"),
+    (["--model", "tiny", "--max-seq-len", "8", "--mask-rate", "0.05"], "--mask-rate 0.05 masks 0 of 8 tokens"),
 ])
 def test_train_shapes_that_build_no_model_fail_before_data_is_prepared(flags, message, tmp_path, capsys):
     cache, out = tmp_path / "cache", tmp_path / "run"

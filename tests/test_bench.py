@@ -79,7 +79,7 @@ def test_compiled_model_runs(bench_model, monkeypatch, tmp_path):
 # bench/bench_cram.py: the side-by-side cramming benchmark (ours vs HF BERT at equal wall clock)
 
 TINY_BENCH = ["--data", "sample", "--vocab-size", "512", "--n-layers", "1", "--d-model", "32", "--n-heads", "2",
-              "--ffn-dim", "96", "--seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256",
+              "--ffn-dim", "96", "--max-seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256",
               "--eval-batches", "2", "--threads", "1"]
 
 
@@ -169,7 +169,7 @@ def test_both_models_get_identical_masked_targets_for_the_same_loader_position(b
         return batch
     monkeypatch.setattr(data.Loader, "next_batch", recording)
     train.main(["--data", "sample", "--cache", sample_cache, "--vocab-size", "512", "--model", "tiny",
-                "--seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256", "--eval-batches", "1",
+                "--max-seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256", "--eval-batches", "1",
                 "--max-steps", "2", "--seed", "3", "--out", str(tmp_path)])
     monkeypatch.setattr(data.Loader, "next_batch", next_batch)
     meta = data.prepare_data("sample", sample_cache, 512, progress=False)

@@ -18,7 +18,9 @@ import time
 import pytest
 import torch
 
+import flags
 import model
+import parallel
 import train
 from test_train import ROOT, TINY, run, weights
 
@@ -126,7 +128,7 @@ def test_fsdp_shards_hold_what_memory_per_rank_says(straight):
     line = next(line for line in output.splitlines() if line.startswith("parameter bytes held by each rank"))
     held = json.loads(line.split(": ", 1)[1])                             # [rank 0's bytes, rank 1's]
     cfg = json.loads((out / "final" / "config.json").read_text())
-    ddp, fsdp = train.memory_per_rank(cfg, 2, "ddp"), train.memory_per_rank(cfg, 2, "fsdp")
+    ddp, fsdp = parallel.memory_per_rank(cfg, 2, "ddp"), parallel.memory_per_rank(cfg, 2, "fsdp")
     assert sum(held) == ddp["params"] == 4 * model.count_params(cfg)     # the slices add up to the model
     padding = sum(4 * p.numel() // p.shape[0] for p in model.build_model(cfg).parameters())  # a dim-0 row each
     assert len(held) == 2 and all(abs(h - fsdp["params"]) <= padding for h in held)
@@ -137,8 +139,8 @@ def test_fsdp_shards_hold_what_memory_per_rank_says(straight):
 def test_memory_per_rank_divides_parameters_gradients_and_adam_by_the_world_under_fsdp():
     cfg = model.make_config("base", vocab_size=32768)
     n = model.count_params(cfg)
-    assert train.memory_per_rank(cfg, 8, "ddp") == {"params": 4 * n, "grads": 4 * n, "adam": 8 * n, "total": 16 * n}
-    fsdp = train.memory_per_rank(cfg, 8, "fsdp")
+    assert parallel.memory_per_rank(cfg, 8, "ddp") == {"params": 4 * n, "grads": 4 * n, "adam": 8 * n, "total": 16 * n}
+    fsdp = parallel.memory_per_rank(cfg, 8, "fsdp")
     assert fsdp["params"] == -(-4 * n // 8) and fsdp["adam"] == -(-8 * n // 8)
     assert fsdp["total"] == pytest.approx(16 * n / 8, abs=3)
 
@@ -148,8 +150,8 @@ def test_activation_checkpointing_changes_no_gradient_and_saves_fewer_tensors():
     cfg = model.make_config("tiny", vocab_size=512, max_seq_len=32)
     plain, recomputed = model.build_model(cfg), model.build_model(cfg)
     recomputed.load_state_dict(plain.state_dict())
-    args = train.parse_args(["--max-steps", "1", "--checkpoint-activations"])
-    recomputed = train.wrap(recomputed, args, torch.device("cpu"), world=1)
+    args = flags.parse_args(["--max-steps", "1", "--checkpoint-activations"])
+    recomputed = parallel.wrap(recomputed, args, torch.device("cpu"), world=1)
     ids = torch.randint(0, 500, (4, 32))
     positions = torch.sort(torch.randperm(30)[:8] + 1).values.expand(4, -1)          # (B, k) masked positions
     saved = []
@@ -171,7 +173,7 @@ def test_activation_checkpointing_changes_no_gradient_and_saves_fewer_tensors():
 ])
 def test_fsdp_refuses_what_it_cannot_shard_in_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        train.parse_args(["--max-steps", "3", "--shard", "fsdp", *flags])
+        flags.parse_args(["--max-steps", "3", "--shard", "fsdp", *flags])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("train.py: error:") and message in err

@@ -377,7 +377,7 @@ def test_apply_stage_returns_a_loggable_event():
 def test_a_schedule_runs_end_to_end_through_train_py(sample_cache, tmp_path):
     schedule = "0:n_layers=1,ffn_dim=32,max_seq_len=16; 0.3:n_layers=2,ffn_dim=64,max_seq_len=32,method=zero; 0.6:n_layers=4"
     out = tmp_path / "run"
-    summary = train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--seq-len", "32",
+    summary = train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32",
                           "--micro-batch", "4", "--batch-tokens", "256", "--eval-batches", "2", "--log-every", "1",
                           "--cache", sample_cache, "--out", str(out), "--max-steps", "30", "--lr", "3e-3",
                           "--grow", schedule])
@@ -399,7 +399,7 @@ def test_a_schedule_runs_end_to_end_through_train_py(sample_cache, tmp_path):
 
 def test_train_py_rewarms_the_learning_rate_after_growth(sample_cache, tmp_path):
     out = tmp_path / "run"
-    train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--seq-len", "32", "--micro-batch", "4",
+    train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32", "--micro-batch", "4",
                 "--batch-tokens", "128", "--eval-batches", "1", "--log-every", "1", "--cache", sample_cache,
                 "--out", str(out), "--max-steps", "20", "--grow", "0:layers=1; 0.5:layers=2", "--grow-rewarm", "0.2",
                 "--lr", "1e-3"])

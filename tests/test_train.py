@@ -14,12 +14,14 @@ import time
 import pytest
 import torch
 
+import flags
 import grow
 import model
+import planning
 import train
 from conftest import ROOT, read_log
 
-TINY = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--seq-len", "32", "--micro-batch", "4",
+TINY = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32", "--micro-batch", "4",
         "--batch-tokens", "256", "--lr", "1e-3", "--eval-batches", "2", "--log-every", "1"]
 
 
@@ -66,7 +68,7 @@ def test_batch_ramp_reaches_the_target_at_60_percent():
 # --- defaults chosen from the device and the budget ------------------------------------
 
 def chosen(argv, flops_per_s, on_gpu):
-    return train.choose_defaults(train.parse_args(["--data", "sample", *argv]), flops_per_s, 1, on_gpu)[0]
+    return planning.choose_defaults(flags.parse_args(["--data", "sample", *argv]), flops_per_s, 1, on_gpu)[0]
 
 
 def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
@@ -92,7 +94,7 @@ def test_a_token_budget_sizes_the_batch_for_about_1000_steps():
 
 
 def test_flags_given_always_win_over_the_chosen_defaults():
-    picks = chosen(["--minutes", "2", "--model", "mini", "--batch-tokens", "4096", "--seq-len", "32"],
+    picks = chosen(["--minutes", "2", "--model", "mini", "--batch-tokens", "4096", "--max-seq-len", "32"],
                    flops_per_s=2e10, on_gpu=False)
     assert picks == {"vocab_size": 8192, "micro_batch": 32, "lr": 0.003}
 
@@ -107,10 +109,10 @@ def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(sample_ca
 
 
 def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
-    budget = train.Budget(train.parse_args(["--minutes", "2", "--max-tokens", "10000"]))
+    budget = train.Budget(flags.parse_args(["--minutes", "2", "--max-tokens", "10000"]))
     assert budget.left(step=5, tokens=9000, elapsed=30.0) == "1,000 tokens"
     assert budget.left(step=5, tokens=100, elapsed=90.0) == "0.5 min"
-    assert train.Budget(train.parse_args(["--max-steps", "40"])).left(10, 0, 0.0) == "30 steps"
+    assert train.Budget(flags.parse_args(["--max-steps", "40"])).left(10, 0, 0.0) == "30 steps"
 
 
 # --- end to end -------------------------------------------------------------------------
@@ -153,17 +155,17 @@ def test_log_records_lr_and_batch_ramp(sample_cache, tmp_path):
 
 
 def test_the_step_cut_at_the_deadline_is_the_last_even_if_the_clock_stops_just_short():
-    budget = train.Budget(train.parse_args(["--minutes", "1"]), elapsed=59.9)  # 0.1 s before the deadline
+    budget = train.Budget(flags.parse_args(["--minutes", "1"]), elapsed=59.9)  # 0.1 s before the deadline
     state = train.RunState()
-    assert budget.now(state)[0] < 1.0
-    assert train.ends_past_deadline(budget, state, micro_seconds=0.5)         # one more would end 0.4 s late
-    assert budget.now(state)[0] == 1.0                                         # so no new step starts after it
+    assert budget.progress(0, 0, budget.elapsed()) < 1.0
+    assert train.ends_past_deadline(budget, state, None, 1, micro_seconds=0.5)  # one more: 0.4 s late
+    assert budget.progress(0, 0, budget.elapsed()) == 1.0                        # so no new step starts
 
 
 def test_a_micro_batch_that_ends_before_the_deadline_is_not_the_last():
-    budget = train.Budget(train.parse_args(["--minutes", "1"]), elapsed=50.0)
-    assert not train.ends_past_deadline(budget, train.RunState(), micro_seconds=0.5)
-    assert budget.now(train.RunState())[0] < 1.0
+    budget = train.Budget(flags.parse_args(["--minutes", "1"]), elapsed=50.0)
+    assert not train.ends_past_deadline(budget, train.RunState(), None, 1, micro_seconds=0.5)
+    assert budget.progress(0, 0, budget.elapsed()) < 1.0
 
 
 def test_wall_clock_budget_stops_within_one_step(sample_cache, tmp_path):
@@ -254,15 +256,15 @@ def test_a_mixture_run_logs_each_sources_held_out_loss_and_how_often_it_read_eac
 def test_a_mixture_run_stopped_dead_and_resumed_ends_with_the_same_weights(tmp_path, monkeypatch):
     mixture, flags = two_source_mixture(tmp_path), ["--max-steps", "40", "--checkpoint-steps", "10"]
     run_mixture(mixture, tmp_path / "cache", tmp_path / "straight", *flags)
-    real = train.checkpoint
+    real = train.save_checkpoint
 
     def crash_after_the_first_checkpoint(*args):  # an in-process kill: nothing after the checkpoint is saved
         real(*args)
         raise RuntimeError("killed")
-    monkeypatch.setattr(train, "checkpoint", crash_after_the_first_checkpoint)
+    monkeypatch.setattr(train, "save_checkpoint", crash_after_the_first_checkpoint)
     with pytest.raises(RuntimeError, match="killed"):
         run_mixture(mixture, tmp_path / "cache", tmp_path / "killed", *flags)
-    monkeypatch.setattr(train, "checkpoint", real)
+    monkeypatch.setattr(train, "save_checkpoint", real)
     summary = run_mixture(mixture, tmp_path / "cache", tmp_path / "killed", "--resume", *flags)
     assert summary["steps"] == 40
     a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
@@ -304,9 +306,9 @@ def make_losses_non_finite(monkeypatch, attempts):
     real, calls = train.forward_backward, []
 
     def faulty(*args, **kwargs):
-        loss, done, grad_norm = real(*args, **kwargs)
+        loss_sum, done = real(*args, **kwargs)
         calls.append(1)
-        return (float("nan") if len(calls) in attempts else loss), done, grad_norm
+        return (loss_sum * float("nan") if len(calls) in attempts else loss_sum), done
     monkeypatch.setattr(train, "forward_backward", faulty)
 
 
@@ -372,7 +374,7 @@ def test_two_process_ddp_on_a_mixture_equals_one_process(sample_cache, tmp_path)
 ])
 def test_bad_flags_give_one_line_errors(flags, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        train.parse_args(flags)
+        flags.parse_args(flags)
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("train.py: error:") and message in err
@@ -488,9 +490,3 @@ def test_grow_auto_with_a_flat_threshold_waits_for_the_deadlines(sample_cache, t
 def test_embedding_norm_can_be_switched_off(sample_cache, tmp_path):
     run(sample_cache, tmp_path, "--max-steps", "1", "--embedding-norm", "off")
     assert json.loads((tmp_path / "final" / "config.json").read_text())["embedding_norm"] is False
-
-
-def test_the_old_flag_names_seq_len_and_ffn_are_aliases_of_the_config_names():
-    old = train.parse_args(["--max-steps", "1", "--seq-len", "32", "--ffn", "gelu"])
-    new = train.parse_args(["--max-steps", "1", "--max-seq-len", "32", "--activation", "gelu"])
-    assert vars(old) == vars(new) and (new.max_seq_len, new.activation) == (32, "gelu")

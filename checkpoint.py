@@ -1,0 +1,202 @@
+"""checkpoint.py: save a run so that it resumes bitwise where it stopped, and load it back.
+
+    checkpoint.save(path, net, optimizer, loader, state, rank)  # every rank calls it
+    ckpt = checkpoint.load(path)                                # always onto the CPU first
+    checkpoint.load_weights(net, ckpt)                          # before wrapping: DDP broadcasts
+    state = checkpoint.restore(ckpt, net, optimizer, loader)    # moments, data position, RNG
+    checkpoint.save_final(folder, net, rank, files)             # model.py's folder, to share
+
+A checkpoint holds everything a bitwise-exact resume needs: weights, AdamW moments, the loop's
+state, the loader's position and the RNG (the masks and the batch order are functions of the seed
+and the position). Two formats, chosen by the path: OUT/checkpoint.pt, one file written by rank 0
+(one process and DDP, where every rank holds the same weights), and OUT/checkpoint.dcp/, a folder of
+shards that every rank writes with PyTorch's Distributed Checkpoint (FSDP, where each rank holds a
+slice), resumable on any number of ranks. Both are written beside the old one and renamed over it,
+so OUT always holds one whole checkpoint.
+"""
+import json
+import os
+import shutil
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_state_dict, set_state_dict)
+
+import model
+import parallel
+
+# A run's files in OUT. Never replaced silently: a new run refuses, --force removes them
+KEPT_FILES = ("checkpoint.pt", "checkpoint.dcp", "log.jsonl", "summary.json", "final")
+RUN_FILES = (*KEPT_FILES, "loss.png", "args.json", "checkpoint.dcp.tmp", "checkpoint.dcp.old")
+
+
+def path_in(out, shard):
+    """OUT/checkpoint.pt, or the folder OUT/checkpoint.dcp/ under --shard fsdp."""
+    return os.path.join(out, "checkpoint.dcp" if shard == "fsdp" else "checkpoint.pt")
+
+
+def save(path, net, optimizer, loader, state, rank):
+    """Save weights, AdamW moments, the loader's position, state (a dict) and the RNG to path."""
+    if path.endswith(".dcp"):
+        save_shards(path, net, optimizer, run_state(net, loader, state), rank)
+    elif rank == 0:  # DDP: every rank holds the same weights, one file from rank 0 is all of them
+        ckpt = {"model": model.unwrap(net).state_dict(), "optimizer": optimizer.state_dict(),
+                **run_state(net, loader, state)}
+        model.atomic_write(path, lambda f: torch.save(ckpt, f))
+
+
+def run_state(net, loader, state):
+    """What a checkpoint holds besides weights and moments: the config, the loader's position,
+    the loop's state and rank 0's RNG (every rank restores it)."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return {"config": model.unwrap(net).config, "loader": loader.state_dict(), "state": state,
+            "rng": {"torch": torch.get_rng_state(), "cuda": cuda}}
+
+
+def save_shards(folder, net, optimizer, extra, rank):
+    """FSDP: every rank writes its shards of the weights and moments with Distributed Checkpoint
+    (torch.distributed.checkpoint.save, one file per rank), and rank 0 writes run.pt (extra)
+    beside them. Collective: every rank calls it."""
+    tmp, old = folder + ".tmp", folder + ".old"
+    weights, moments = get_state_dict(model.unwrap(net), optimizer)  # DTensors: this rank's shards
+    if rank == 0 and os.path.exists(tmp):
+        shutil.rmtree(tmp)                  # a save cut short by a kill
+    dist.barrier()
+    dcp.save({"model": weights, "optimizer": moments}, checkpoint_id=tmp)
+    if rank == 0:
+        torch.save(extra, os.path.join(tmp, "run.pt"))
+    dist.barrier()                          # every rank's shards are on disk
+    if rank == 0:
+        if os.path.exists(folder):
+            os.replace(folder, old)         # a folder cannot be renamed over a full one
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()                          # no rank reads or writes checkpoints before the rename
+
+
+# -----------------------------------------------------------------------------
+# Loading: onto the CPU, then into the model, optimizer and loader
+
+def load(path):
+    """The checkpoint at path, on the CPU. For a .dcp folder: its run.pt, and "folder", where the
+    shards are (they are read straight into the sharded model by restore)."""
+    if not path.endswith(".dcp"):
+        return load_file(path)
+    if not os.path.isdir(path) and os.path.isdir(path + ".old"):  # killed between two renames
+        path += ".old"
+    if not os.path.isdir(path):
+        raise SystemExit(f"error: {path}: no checkpoint to resume from")
+    return {**load_file(os.path.join(path, "run.pt")), "folder": path}
+
+
+def load_file(path):
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {path}: no checkpoint to resume from")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file
+        why = f"{type(e).__name__}: {e}"
+        raise SystemExit(f"error: {path}: not a readable checkpoint ({why})") from None
+
+
+def load_weights(net, ckpt):
+    """The plain model's weights from a .pt checkpoint: call it before wrapping, so DDP
+    broadcasts the loaded weights. A sharded checkpoint's weights come in restore(), after
+    fully_shard."""
+    if "model" in ckpt:
+        net.load_state_dict(ckpt["model"])
+    return net
+
+
+def restore(ckpt, net, optimizer, loader):
+    """Moments (and a sharded checkpoint's weights), the loader's position and the RNG; returns
+    the saved loop state (a dict)."""
+    if "folder" in ckpt:
+        load_shards(ckpt["folder"], net, optimizer)
+    else:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    loader.load_state_dict(ckpt["loader"])
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    if ckpt["rng"]["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+    return ckpt["state"]
+
+
+def load_shards(folder, net, optimizer):
+    """FSDP: weights and moments from a checkpoint folder into the sharded model and its optimizer.
+    Collective: every rank calls it."""
+    # Distributed Checkpoint reads the part of every tensor this rank holds now, whatever the number
+    # of ranks that wrote it: that is the resharding (torch.distributed.checkpoint.load)
+    weights, moments = get_state_dict(model.unwrap(net), optimizer)  # the shapes and slices to fill
+    wanted = {"model": weights, "optimizer": moments}
+    dcp.load(wanted, checkpoint_id=folder)
+    set_state_dict(model.unwrap(net), optimizer, model_state_dict=wanted["model"],
+                   optim_state_dict=wanted["optimizer"])
+
+
+def restored_model(ckpt, net, optimizer):
+    """The checkpoint's weights as a model save_final can write: a fresh plain model, or under
+    FSDP the sharded one with its shards loaded back (save_final gathers them)."""
+    if "folder" in ckpt:
+        load_shards(ckpt["folder"], net, optimizer)
+        return net
+    return load_weights(model.build_model(ckpt["config"]), ckpt)
+
+
+# -----------------------------------------------------------------------------
+# The final model, and the run folder's rules
+
+def save_final(folder, net, rank, files=None):
+    """folder: model.py's checkpoint folder (config.json, model.pt) plus files ({name: source
+    path}: the tokenizer, the data's meta.json), written by rank 0. Under FSDP every rank calls
+    it (the gather)."""
+    # FSDP: the full weights are all-gathered into a plain model on rank 0's CPU
+    if parallel.is_sharded(net):
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(model.unwrap(net), options=options)
+        if rank == 0:
+            net = model.build_model(model.unwrap(net).config)
+            net.load_state_dict(full)
+    if rank != 0:
+        return folder
+    model.save_model(net, folder)
+    for name, src in (files or {}).items():
+        with open(src, "rb") as f:
+            blob = f.read()
+        model.atomic_write(os.path.join(folder, name), lambda f: f.write(blob))
+    return folder
+
+
+def check_out_is_free(out, force, remove=True):
+    """A finished or interrupted run in out is never replaced silently: refuse, or with --force
+    remove it (remove=False: only check; every rank checks, rank 0 removes)."""
+    found = [name for name in KEPT_FILES if os.path.exists(os.path.join(out, name))]
+    if found and not force:
+        what = "pass --resume to continue it" if found[0].startswith("checkpoint") else \
+            "it is from an earlier run"
+        raise SystemExit(f"error: {os.path.join(out, found[0])} exists: {what}, --force to replace "
+                         "it, or choose another --out")
+    for name in RUN_FILES if force and remove else ():
+        path = os.path.join(out, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
+def truncate_log(path, log_bytes):
+    """Resume appends to log.jsonl from the checkpoint on: cut what was logged after it was saved
+    (steps that will run again, at log_bytes, the log's size then), so that no step appears
+    twice."""
+    if os.path.exists(path) and log_bytes is not None:
+        with open(path, "r+b") as f:
+            f.truncate(min(log_bytes, os.path.getsize(path)))
+
+
+def append_log(path, record):
+    """One JSON line: log.jsonl grows by whole records, and truncate_log can cut it at a record's
+    end."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")

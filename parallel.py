@@ -1,0 +1,223 @@
+"""parallel.py: one process or many. Devices, process groups, DDP and FSDP2, and what each rank
+holds.
+
+    device, rank, world = parallel.setup_device("auto", shard="ddp")  # joins torchrun's group
+    net = parallel.wrap(net, args, device, world)    # checkpointing, FSDP, compile, DDP
+    with parallel.gradient_sync(net, last=micro == accum - 1): ...    # one all-reduce a step
+    elapsed, stopped = parallel.agree_on_clock(elapsed, signals, device, world)
+
+Data parallel (DDP) keeps a whole copy of the model on every rank and averages gradients; FSDP2
+keeps 1/world of every parameter, gradient and AdamW moment on each rank (ZeRO stage 3) and
+all-gathers a block just before it is needed. Both are PyTorch's own engines: this file only
+chooses, wraps and measures.
+"""
+import functools
+import os
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.utils.checkpoint
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import model
+
+
+def setup_device(choice, shard="ddp"):
+    """(device, rank, world size). Under torchrun (RANK and WORLD_SIZE set) this joins the
+    process group: NCCL on GPUs, gloo on CPUs; multi-node works through torchrun's MASTER_ADDR
+    and MASTER_PORT."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else \
+            "mps" if torch.backends.mps.is_available() else "cpu"
+    if shard == "fsdp" and choice == "mps":
+        raise SystemExit("error: --shard fsdp runs on CUDA GPUs (NCCL) or CPUs (gloo), not on mps; "
+                         "use --device cpu")
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    device = torch.device(choice)
+    if choice == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        # fp32 matmuls outside autocast (the loss, the optimizer's norms) may use TF32 tensor cores,
+        # as cramming's impl config allows: fp32's range at a 10-bit mantissa, several times faster
+        # on Ampere+
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    backend = "nccl" if choice == "cuda" else "gloo"
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    elif shard == "fsdp" and not dist.is_initialized():
+        # FSDP needs a process group even in one process: a group of one rank, over an in-memory
+        # store
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    return device, rank, world
+
+
+def autocast(device, dtype):
+    """The context of every forward pass: torch.autocast to dtype, off in fp32. Call it: amp()."""
+    return functools.partial(torch.autocast, device.type, dtype=dtype,
+                             enabled=dtype != torch.float32)
+
+
+def autocast_dtype(choice, device):
+    """bf16 where the GPU has it, fp32 elsewhere unless --dtype bf16 asks."""
+    # bf16 keeps fp32's exponent range, so no loss scaling is needed (cramming used fp16 with a
+    # GradScaler); most CPUs run bf16 matmuls no faster than fp32, so auto stays in fp32 there
+    gpu_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if choice == "fp32" or (choice == "auto" and not gpu_bf16):
+        return torch.float32
+    return torch.bfloat16
+
+
+# -----------------------------------------------------------------------------
+# Wrapping: activation checkpointing and FSDP (in place), then torch.compile, then DDP
+
+def wrap(net, args, device, world):
+    """The model as the loop runs it; model.unwrap finds the plain model again (under FSDP that
+    is the module itself). args: train.py's settings (checkpoint_activations, shard, dtype,
+    compile)."""
+    # Checkpointing rewrites each block's forward and FSDP shards the blocks, both in place;
+    # torch.compile then traces the result, and DDP goes outermost, as nanoGPT does:
+    # DDP(torch.compile(model))
+    if args.checkpoint_activations:
+        checkpoint_activations(net)
+    if args.shard == "fsdp":
+        shard_fsdp(net, device, world, autocast_dtype(args.dtype, device))
+    if args.compile:
+        net = torch.compile(net, dynamic=False)
+    if world > 1 and args.shard == "ddp":
+        net = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
+    return net
+
+
+def shard_fsdp(net, device, world, dtype):
+    """FSDP2 (torch.distributed.fsdp.fully_shard; PyTorch's FSDP2 tutorial): every rank keeps
+    1/world of each parameter (a slice along dim 0), and so of its gradient and AdamW moments.
+    Build the optimizer after this. All ranks built the same weights from the same seed, so each
+    simply keeps its slice."""
+    mesh = init_device_mesh(device.type, (world,))
+    # On a GPU with bf16 the all-gathered copies are bf16 and gradients are reduced in fp32; the
+    # sharded weights and AdamW stay fp32. CPU: fp32 throughout
+    bf16 = device.type == "cuda" and dtype == torch.bfloat16
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
+                                  reduce_dtype=torch.float32 if bf16 else None)
+    # each block is one unit, all-gathered just before its forward and its backward and freed after;
+    # the root unit holds the rest (embedding, norms)
+    for block in net.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(net, mesh=mesh, mp_policy=policy)
+    return net
+
+
+def checkpoint_activations(net):
+    """--checkpoint-activations: each block keeps only its input for the backward pass and
+    recomputes its activations there (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+    Cost"): less memory for about one more forward pass of compute."""
+    # A wrapped forward, not a wrapper module: parameter names stay the same for checkpoints and
+    # growth, FSDP's hooks stay outside the recomputed region (as in torchtitan), and torch.compile
+    # traces it
+    for block in net.blocks:
+        block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward,
+                                          use_reentrant=False)
+    return net
+
+
+def is_sharded(net):
+    """FSDP: the parameters are DTensors, each rank holding its slice."""
+    return any(isinstance(p, DTensor) for p in model.unwrap(net).parameters())
+
+
+# -----------------------------------------------------------------------------
+# What ranks say to each other during a step
+
+def gradient_sync(net, last):
+    """The context of one micro-batch's backward: gradients are reduced across ranks on the
+    step's last micro-batch only (fewer collectives; the unsharded gradients wait in memory until
+    then)."""
+    plain = model.unwrap(net)
+    if hasattr(plain, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter on the last only
+        plain.set_requires_gradient_sync(last)
+        return nullcontext()
+    # DDP: no_sync() skips the all-reduce (nanoGPT toggles the flag by hand; the context says the
+    # same)
+    return net.no_sync() if isinstance(net, DDP) and not last else nullcontext()
+
+
+def agree_on_clock(elapsed, signals, device, world):
+    """(elapsed, stopped) the same on every rank: the slowest clock and any rank's stop signal
+    count for all, or ranks would stop, grow or cut a step apart and wait for each other forever.
+    One all-reduce, and none on one process (cramming's communicate_flags does the same once per
+    step)."""
+    stop = float(bool(signals))
+    if world > 1:
+        flags = torch.tensor([elapsed, stop], dtype=torch.float64, device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        elapsed, stop = flags.tolist()
+    return elapsed, stop > 0
+
+
+def sum_over_ranks(value, world):
+    """The sum of a tensor over ranks, in place (nothing to do on one process)."""
+    if world > 1:
+        dist.all_reduce(value)
+    return value
+
+
+def mean_over_ranks(value, world):
+    """The mean of a tensor over ranks, in place: every rank then takes the same skip-or-step
+    decision."""
+    if world > 1:
+        sum_over_ranks(value, world)
+        value /= world
+    return value
+
+
+def clip_gradients(net, max_norm):
+    """Clip the global L2 norm of the gradients; returns the norm before clipping (None when
+    off)."""
+    if max_norm <= 0:
+        return None
+    norm = torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+    # FSDP: each rank computed the norm of its shards; full_tensor() is the norm over all of them
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+# -----------------------------------------------------------------------------
+# Memory: what each rank holds
+
+def memory_per_rank(cfg, world, shard):
+    """Bytes of training state on each rank, in fp32: parameters 4 per parameter, gradients 4,
+    AdamW's two moments 8. Activations come on top, and under FSDP the all-gathered block being
+    computed."""
+    # DDP replicates all of it on every rank; FSDP shards it (ZeRO stage 3, Rajbhandari et al.
+    # 2020), so each rank holds 1/world, plus padding of at most one dim-0 row per tensor
+    n, share = model.count_params(cfg), world if shard == "fsdp" else 1
+    sizes = (("params", 4), ("grads", 4), ("adam", 8))
+    per_rank = {name: -(-n * size // share) for name, size in sizes}  # ceil(n * size / share)
+    return {**per_rank, "total": sum(per_rank.values())}
+
+
+def memory_text(memory):
+    """'0.5 MB + 0.5 MB + 0.9 MB = 1.8 MB': parameters + gradients + AdamW moments, of
+    memory_per_rank."""
+    def text(n):
+        return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+    parts = " + ".join(text(memory[k]) for k in ("params", "grads", "adam"))
+    return f"{parts} = {text(memory['total'])}"
+
+
+def shard_bytes(net):
+    """FSDP: bytes of parameters this rank holds, its slice of every tensor (what memory_per_rank
+    predicts)."""
+    plain = model.unwrap(net)
+    plain.reshard()  # a forward in eval mode (the step-0 evaluation) leaves the root all-gathered
+    return sum(p.to_local().numel() * p.to_local().element_size() for p in plain.parameters())
+
+
+def bytes_per_rank(net, world):
+    """[bytes of parameters on each rank]: every rank's shard_bytes, gathered (a collective)."""
+    shards = [None] * world
+    dist.all_gather_object(shards, shard_bytes(net))
+    return shards

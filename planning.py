@@ -1,0 +1,173 @@
+"""planning.py: what should this budget train, on this machine? (BigScience's question, asked per
+run.)
+
+    chosen, why = planning.choose_defaults(args, planning.sustained_flops(device), world, on_gpu)
+    cfg = planning.model_config(args, vocab_size)        # the preset, with the flags' overrides
+    tokens = planning.budget_tokens(args, device)        # how much FineWeb-Edu to download
+
+train.py asks it once, before any data is read, for the flags the user left unset (--model auto, the
+vocabulary, the sequence length, the batch, the micro-batch, the learning rate). Every choice is
+printed with its reason, and a flag given on the command line always wins. scaling.py fits and plans
+sweeps across runs; this file only plans one run from the compute the budget buys.
+"""
+import argparse
+import math
+import os
+
+import torch
+
+import model
+import scaling
+
+AUTO_PRESETS = ("tiny", "mini", "small", "base")  # "large" only when asked for: a GPU day buys base
+PRESET_VOCAB = {"tiny": 512, "mini": 8192, "small": 16384, "base": 32768, "large": 32768}
+# training FLOP/s of one core, fp32: 15-20 G measured on the tiny models here
+CPU_FLOPS_PER_THREAD = 1.5e10
+# measured (docs/train.md, the recipe): fewer, larger steps lose; more, smaller ones too
+STEPS_WANTED = 1000
+CRAMMING_BATCH = 8192 * 128  # cramming's final batch, 8192 x 128 tokens (train/bert-o4.yaml)
+# Model config keys that a flag of the same name (--n-layers for n_layers) overrides on top of the
+# preset
+SIZE_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim")
+CHOICE_KEYS = ("positions", "norm", "norm_position", "activation")
+
+
+def budget_seconds(args):
+    """The wall-clock budget in seconds (--hours plus --minutes), or None when only steps or tokens
+    bound the run."""
+    return ((args.hours or 0) * 3600 + (args.minutes or 0) * 60) or None
+
+
+def model_config(args, vocab_size):
+    """The model config of the run (before any growth stage): preset, then the flags that
+    override it."""
+    keys = SIZE_KEYS + CHOICE_KEYS
+    overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+    if args.embedding_norm:
+        overrides["embedding_norm"] = args.embedding_norm == "on"
+    return model.make_config(args.model, **overrides, vocab_size=vocab_size,
+                             max_seq_len=args.max_seq_len, objective=args.objective,
+                             mask_rate=args.mask_rate, dropout=0.0)
+
+
+def gpu_peak_flops(device):
+    """Peak bf16 FLOP/s of this GPU from scaling.py's table, or None (CPU, unknown GPU): then no
+    MFU."""
+    if device.type != "cuda":
+        return None
+    try:
+        return scaling.peak_flops(torch.cuda.get_device_name(device))
+    except ValueError:
+        return None
+
+
+def sustained_flops(device):
+    """Training FLOP/s to plan with: scaling.PLANNING_MFU of a known GPU's peak, else a conservative
+    guess for the device."""
+    peak = gpu_peak_flops(device)
+    if peak:
+        return scaling.PLANNING_MFU * peak
+    if device.type == "cuda":
+        return 50e12  # an unknown GPU: about 40% of an A100's bf16 peak
+    return 5e12 if device.type == "mps" else CPU_FLOPS_PER_THREAD * torch.get_num_threads()
+
+
+def budget_tokens(args, device):
+    """Tokens the run should consume, to download only that much FineWeb-Edu: --max-tokens if
+    given, else the wall-clock budget at the planning MFU of this GPU's peak (a CPU or unknown
+    GPU: 2,000 tokens/s)."""
+    if args.max_tokens:
+        return int(args.max_tokens)
+    seconds = budget_seconds(args)
+    if args.max_steps and not seconds:
+        return args.max_steps * args.batch_tokens
+    peak = gpu_peak_flops(device)
+    # A download sized for the planning MFU is rarely too small, and a run that is faster simply
+    # repeats data (the loader counts epochs)
+    cfg = model_config(args, args.vocab_size)
+    rate = peak * scaling.PLANNING_MFU / model.flops_per_token(cfg) if peak else 2000.0
+    return int(seconds * rate * world_size())
+
+
+def world_size():
+    """Processes in the run, from torchrun's environment (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+# -----------------------------------------------------------------------------
+# The defaults: preset, vocabulary, sequence length, batch, micro-batch, learning rate
+
+def choose_defaults(args, flops_per_s, world, on_gpu):
+    """({flag: value} for --model, --vocab-size, --max-seq-len, --batch-tokens, --micro-batch and
+    --lr left unset, the sentence saying why). args is not changed."""
+    n_star, basis, compute = optimal_params(args, flops_per_s, world)
+    chosen = {}
+    if args.model == "auto":
+        chosen["model"] = nearest_preset(n_star) if n_star else "base" if on_gpu else "tiny"
+    name = chosen.get("model", args.model)
+    if args.vocab_size is None:
+        chosen["vocab_size"] = PRESET_VOCAB[name]
+    if args.max_seq_len is None:
+        chosen["max_seq_len"] = model.make_config(name)["max_seq_len"]
+    resolved = {**vars(args), **chosen}
+    seq = resolved["max_seq_len"]
+    cfg = model_config(argparse.Namespace(**resolved), resolved["vocab_size"])
+    tokens = None
+    if args.batch_tokens is None:
+        # tokens the budget buys at the planned FLOP/s, or --max-tokens if smaller; the batch is the
+        # largest power of two that still gives the run ~STEPS_WANTED optimizer steps
+        bought = compute / model.flops_per_token(cfg, seq) if compute else None
+        estimates = [bought, args.max_tokens]
+        tokens = min([t for t in estimates if t], default=None)
+        batch = (2 ** int(math.log2(max(1.0, tokens / STEPS_WANTED))) if tokens
+                 else CRAMMING_BATCH if on_gpu else 16 * seq)
+        chosen["batch_tokens"] = int(min(CRAMMING_BATCH, max(seq * world, batch)))
+    if args.micro_batch is None:
+        # as large as memory allows (cramming: 128 on a GPU), never more than the batch
+        batch_tokens = chosen.get("batch_tokens", args.batch_tokens)
+        chosen["micro_batch"] = max(1, min(128 if on_gpu else 32, batch_tokens // (seq * world)))
+    if args.lr is None:
+        # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: docs/train.md
+        chosen["lr"] = round(1e-3 * 768 / cfg["d_model"], 6)
+    return chosen, why_chosen(chosen, basis, n_star, tokens)
+
+
+def optimal_params(args, flops_per_s, world):
+    """(N*, what it was computed from, the budget's FLOPs or None): the compute-optimal parameter
+    count (scaling.compute_optimal with Besiroglu et al. 2024's constants, ~25 tokens per
+    parameter)."""
+    seconds, constants = budget_seconds(args), scaling.PUBLISHED["epoch"]
+    compute = seconds * flops_per_s * world if seconds else None
+    if compute:
+        basis = f"{seconds:,.0f} s x {flops_per_s * world / 1e9:,.0f} GFLOP/s = {compute:.1e} FLOPs"
+        return float(scaling.compute_optimal(compute, constants)["N"]), basis, compute
+    if args.max_tokens:  # invert D*(N): tokens_for_params grows as N^(b/a)
+        opt = scaling.compute_optimal(1.0, constants)
+        per_param = args.max_tokens / scaling.tokens_for_params(1.0, constants)
+        return float(per_param ** (opt["a"] / opt["b"])), f"{args.max_tokens:,.0f} tokens", None
+    return None, "a step budget", None
+
+
+def nearest_preset(n_star):
+    """The auto preset whose total parameter count is nearest N* in log scale. Past base (120 M,
+    cramming's model for a GPU day) auto does not go: a larger model takes fewer steps in the
+    same hours."""
+    def total_params(name):
+        return model.count_params(model.make_config(name, vocab_size=PRESET_VOCAB[name]))
+    return min(AUTO_PRESETS, key=lambda n: abs(math.log(total_params(n) / n_star)))
+
+
+def why_chosen(chosen, basis, n_star, tokens):
+    """'chose model tiny, vocab-size 512, ... for 120 s x 30 GFLOP/s = ...': the start-up line."""
+    if not chosen:
+        return ""
+    words = [f"{k.replace('_', '-')} {v:,}" if isinstance(v, int) else
+             f"{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"{k} {v}"
+             for k, v in chosen.items()]
+    why = f"for {basis}"
+    if n_star:
+        why += f" (compute-optimal N* = {n_star / 1e6:,.3g} M params)"
+    if tokens:
+        why += (f", ~{tokens / chosen['batch_tokens']:,.0f} steps of the ~{tokens:,.0f} tokens "
+                "it should buy")
+    return f"chose {', '.join(words)} {why}"

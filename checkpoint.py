@@ -42,6 +42,7 @@ def save(path, net, optimizer, loader, state, rank):
     if path.endswith(".dcp"):
         save_shards(path, net, optimizer, run_state(net, loader, state), rank)
     elif rank == 0:  # DDP: every rank holds the same weights, one file from rank 0 is all of them
+        # the plain model's state dict: no "_orig_mod." (compile) or "module." (DDP) prefixes
         ckpt = {"model": model.unwrap(net).state_dict(), "optimizer": optimizer.state_dict(),
                 **run_state(net, loader, state)}
         model.atomic_write(path, lambda f: torch.save(ckpt, f))
@@ -61,6 +62,8 @@ def save_shards(folder, net, optimizer, extra, rank):
     beside them. Collective: every rank calls it."""
     tmp, old = folder + ".tmp", folder + ".old"
     weights, moments = get_state_dict(model.unwrap(net), optimizer)  # DTensors: this rank's shards
+    # Barriers order the steps across ranks: nobody writes into tmp before rank 0 cleared it, and
+    # nobody renames before every rank's file is complete
     if rank == 0 and os.path.exists(tmp):
         shutil.rmtree(tmp)                  # a save cut short by a kill
     dist.barrier()
@@ -92,6 +95,9 @@ def load(path):
 
 
 def load_file(path):
+    # map_location="cpu": resuming never needs more GPU memory than the run had; the tensors move to
+    # the device as they are copied into the model and optimizer. weights_only=False: the file holds
+    # the RNG state and the loader's position too, all written by this code
     if not os.path.isfile(path):
         raise SystemExit(f"error: {path}: no checkpoint to resume from")
     try:
@@ -118,6 +124,7 @@ def restore(ckpt, net, optimizer, loader):
     else:
         optimizer.load_state_dict(ckpt["optimizer"])
     loader.load_state_dict(ckpt["loader"])
+    # the RNG last: building the model and optimizer above must not consume it after the restore
     torch.set_rng_state(ckpt["rng"]["torch"])
     if ckpt["rng"]["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
@@ -178,6 +185,7 @@ def check_out_is_free(out, force, remove=True):
             "it is from an earlier run"
         raise SystemExit(f"error: {os.path.join(out, found[0])} exists: {what}, --force to replace "
                          "it, or choose another --out")
+    # --force removes exactly the files a run writes, nothing else the user keeps in the folder
     for name in RUN_FILES if force and remove else ():
         path = os.path.join(out, name)
         if os.path.isdir(path):

@@ -40,12 +40,17 @@ def parse_args(argv=None):
 
 
 def add_budget_and_data_flags(p):
+    # The budget is wall-clock first (cramming's one day on one GPU): every schedule reads progress
+    # against it. Steps and tokens give a deterministic clock for the tests and for comparing runs
+    # across machines (scaling.py fits runs by tokens, not seconds)
     g = p.add_argument_group("budget (the run ends at the first one reached; give at least one)")
     g.add_argument("--hours", type=float, default=None, help="wall-clock budget in hours")
     g.add_argument("--minutes", type=float, default=None, help="wall-clock budget in minutes")
     g.add_argument("--max-steps", type=int, default=None, help="budget in optimizer steps")
     g.add_argument("--max-tokens", type=float, default=None,
                    help="budget in training tokens (all ranks)")
+    # The data: one corpus or a weighted mixture (data.py), tokenized once into a cache keyed by its
+    # settings, so a second run with the same flags reads the shards instead of preparing again
     g = p.add_argument_group("data")
     g.add_argument("--data", default="fineweb", help=data.DATA_HELP)
     g.add_argument("--mix-temperature", type=float, default=None, metavar="T",
@@ -54,6 +59,8 @@ def add_budget_and_data_flags(p):
                    "shards")
     g.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default: by "
                    "model, 512 for tiny up to cramming's 32768 for base)")
+    # cramming trains its own 32768-token WordPiece; a BPE of our own (rustbpe) plays that part, and
+    # stock tiktoken vocabularies are there for comparisons
     g.add_argument("--tokenizer", default="train",
                    help="'train' (own BPE), 'gpt2', 'cl100k_base' or a tokenizer.json")
     g.add_argument("--lowercase", action="store_true", help="lowercase and strip accents before "
@@ -63,6 +70,8 @@ def add_budget_and_data_flags(p):
 
 
 def add_model_flags(p):
+    # The shape comes from a preset of model.py (cramming's base: 16 layers of width 768, 12 heads,
+    # feed-forward 3072, sequences of 128) with any key overridden by the flag of the same name
     g = p.add_argument_group("model")
     g.add_argument("--model", default="auto",
                    help=f"preset of model.py: {', '.join(model.PRESETS)}; auto: chosen from the "
@@ -72,6 +81,7 @@ def add_model_flags(p):
     for key in planning.SIZE_KEYS:
         g.add_argument("--" + key.replace("_", "-"), type=int, default=None,
                        help=f"override the preset's {key}")
+    # cramming keeps scaled sinusoidal positions; rotary is our one measured change (docs/train.md)
     g.add_argument("--positions", choices=model.CHOICES["positions"], default="rotary",
                    help="position scheme (cramming: sinusoidal; rotary leaves the unigram plateau "
                    "far sooner, see docs/train.md: the recipe)")
@@ -83,8 +93,12 @@ def add_model_flags(p):
                    "the preset's, on)")
     g.add_argument("--max-seq-len", type=int, default=None,
                    help="tokens per sequence (default: the preset's; cramming: 128)")
+    # cramming masks 25%, not BERT's 15% (Devlin et al. 2019, Sec. 3.1): more predictions per
+    # sequence, exactly round(0.25 x 128) = 32 positions each, so every batch has one static shape
     g.add_argument("--mask-rate", type=float, default=0.25,
                    help="fraction of tokens masked for MLM (cramming: 0.25)")
+    # Growth (grow.py): a schedule of shapes by budget fraction (CompoundGrow, Gu et al. 2021, grows
+    # depth, width and length together), the optimizer carried over (as bert2BERT) or restarted
     g = p.add_argument_group("growth (grow.py)")
     g.add_argument("--grow", default=None, help="growth schedule, e.g. "
                    "'0:n_layers=4,max_seq_len=64; 0.25:n_layers=8; 0.5:n_layers=16', a preset "
@@ -120,6 +134,8 @@ def add_optimization_flags(p):
                    "each device (default: 128 on a GPU, at most 32 elsewhere)")
     g.add_argument("--batch-ramp", type=float, default=0.6, help="fraction of the budget over "
                    "which the batch grows linearly to its target (0 = off)")
+    # cramming's bert-o4 (train/bert-o4.yaml): AdamW lr 1e-3 at width 768, betas (0.9, 0.98), eps
+    # 1e-12, weight decay 0.01, global-norm clipping at 0.5, the budget triangle schedule
     g.add_argument("--lr", type=float, default=None, help="peak learning rate (default: cramming's "
                    "1e-3 at width 768, scaled as 1/d-model for narrower models)")
     g.add_argument("--schedule", choices=["triangle", "one-cycle", "linear", "cosine", "constant"],
@@ -134,6 +150,8 @@ def add_optimization_flags(p):
 
 
 def add_system_and_output_flags(p):
+    # How the run uses the machine: none of these change what is computed, except bf16 (rounding)
+    # and the seed; DDP and FSDP give the same weights as one process (tests/test_fsdp.py)
     g = p.add_argument_group("system")
     g.add_argument("--device", choices=["auto", "cuda", "mps", "cpu"], default="auto",
                    help="where to train")
@@ -150,6 +168,8 @@ def add_system_and_output_flags(p):
                    "~1/3 more compute (one extra forward)")
     g.add_argument("--seed", type=int, default=0, help="seed for initialization and the batch "
                    "stream")
+    # Evaluation and checkpoints are scheduled on budget progress too; a checkpoint holds everything
+    # a bitwise-exact resume needs (checkpoint.py)
     g = p.add_argument_group("output, evaluation and checkpoints")
     g.add_argument("--out", default="runs/cram", help="output folder")
     g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with the "
@@ -168,13 +188,14 @@ def add_system_and_output_flags(p):
                    help="save a resumable checkpoint every N minutes")
     g.add_argument("--checkpoint-steps", type=int, default=0,
                    help="also save one every N optimizer steps (0 = off)")
+    # a few non-finite losses are skipped (a bad batch); many in a row mean the run diverged
     g.add_argument("--max-bad-steps", type=int, default=5, help="consecutive non-finite losses "
                    "before the run stops and restores the last good checkpoint")
 
 
 def check_args(parser, args):
-    """One-line errors for flags that parse but make no sense, before anything is read or
-    written."""
+    """One-line errors for flags that parse but make no sense, before anything is read."""
+    # need() names the flag, the rule and the value: "--clip must be >= 0 (0 = off) (got -1.0)"
     def need(ok, flag, rule):
         if not ok:
             value = getattr(args, flag[2:].replace('-', '_'))
@@ -184,7 +205,7 @@ def check_args(parser, args):
     # must not cost that. Checks that need the data or the model's shape run in resolve_settings
     if not budget_given(args) and not args.resume:  # a resumed run takes its budget from args.json
         parser.error("give a budget: --hours, --minutes, --max-steps or --max-tokens")
-    for name in BUDGET_KEYS:
+    for name in BUDGET_KEYS:  # NaN and inf parse as floats: refuse them here, not mid-run
         v = getattr(args, name)
         if v is not None and not (v > 0 and math.isfinite(v)):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {v}")
@@ -231,11 +252,13 @@ def check_system_args(parser, args):
     if args.shard == "fsdp" and args.positions == "sinusoidal":
         parser.error("--positions sinusoidal needs --shard ddp: its learned scale is a scalar "
                      "parameter, which fully_shard cannot shard")
+    # a CPU-only torch wheel is the most common reason for "no GPU" (pip's default on some systems)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda: no CUDA GPU visible to this torch {torch.__version__}"
                      + (" (a CPU-only build)" if torch.version.cuda is None else ""))
     if args.device == "mps" and not torch.backends.mps.is_available():
         parser.error("--device mps: Apple's Metal backend is not available here")
+    # os.makedirs would fail much later, after hours of data preparation
     if os.path.isfile(args.out):
         parser.error(f"--out {args.out} is a file; give a folder")
 
@@ -250,6 +273,9 @@ def budget_text(args):
     return ", ".join(f"{k} {getattr(args, k):g}" for k in given)
 
 
+# A resumed run must train the same model on the same data with the same schedule: its settings come
+# from OUT/args.json, written before the first step, and today's command line adds only the output
+# flags and, if given, a new budget (which extends the run: docs/train.md, extending a run)
 def resume_settings(args):
     """(settings, the budget before this command extended it or None) for --resume: a resumed run
     trains the same model on the same data with the same schedule, so its settings come from
@@ -262,7 +288,7 @@ def resume_settings(args):
                              "--max-steps, ...)")
         return args, None
     given = {k: getattr(args, k) for k in BUDGET_KEYS} if budget_given(args) else None
-    with open(saved) as f:  # keys a newer train.py added keep their defaults
+    with open(saved) as f:  # flags a newer train.py added keep their defaults
         settings = json.load(f)
     resumed = argparse.Namespace(**{**vars(args), **settings, "resume": True, "out": args.out})
     if given and given != {k: getattr(resumed, k) for k in BUDGET_KEYS}:

@@ -20,6 +20,8 @@ import model
 import scaling
 
 AUTO_PRESETS = ("tiny", "mini", "small", "base")  # "large" only when asked for: a GPU day buys base
+# vocabulary by preset: cramming's 32768 (2^15) for base; a small model spends too much of itself on
+# embeddings with a large vocabulary, and a CPU minute cannot learn 32768 rows anyway
 PRESET_VOCAB = {"tiny": 512, "mini": 8192, "small": 16384, "base": 32768, "large": 32768}
 # training FLOP/s of one core, fp32: 15-20 G measured on the tiny models here
 CPU_FLOPS_PER_THREAD = 1.5e10
@@ -68,7 +70,8 @@ def sustained_flops(device):
     if peak:
         return scaling.PLANNING_MFU * peak
     if device.type == "cuda":
-        return 50e12  # an unknown GPU: about 40% of an A100's bf16 peak
+        return 50e12  # an unknown GPU: about 40% of an A100's bf16 peak (312 TFLOP/s dense)
+    # Apple's GPUs: a guess of a few TFLOP/s sustained; a CPU: per core, as measured here
     return 5e12 if device.type == "mps" else CPU_FLOPS_PER_THREAD * torch.get_num_threads()
 
 
@@ -102,9 +105,11 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
     --lr left unset, the sentence saying why). args is not changed."""
     n_star, basis, compute = optimal_params(args, flops_per_s, world)
     chosen = {}
-    if args.model == "auto":
+    if args.model == "auto":  # no budget in seconds or tokens: base for a GPU, tiny for a CPU
         chosen["model"] = nearest_preset(n_star) if n_star else "base" if on_gpu else "tiny"
     name = chosen.get("model", args.model)
+    # the preset decides the vocabulary and the length unless a flag did: each preset is planned at
+    # its own vocabulary (PRESET_VOCAB) and its own sequence length
     if args.vocab_size is None:
         chosen["vocab_size"] = PRESET_VOCAB[name]
     if args.max_seq_len is None:
@@ -141,7 +146,9 @@ def optimal_params(args, flops_per_s, world):
     if compute:
         basis = f"{seconds:,.0f} s x {flops_per_s * world / 1e9:,.0f} GFLOP/s = {compute:.1e} FLOPs"
         return float(scaling.compute_optimal(compute, constants)["N"]), basis, compute
-    if args.max_tokens:  # invert D*(N): tokens_for_params grows as N^(b/a)
+    # a token budget: the N whose compute-optimal token count D*(N) is that budget (D* grows as
+    # N^(b/a) in the fitted law, so N follows as D^(a/b))
+    if args.max_tokens:
         opt = scaling.compute_optimal(1.0, constants)
         per_param = args.max_tokens / scaling.tokens_for_params(1.0, constants)
         return float(per_param ** (opt["a"] / opt["b"])), f"{args.max_tokens:,.0f} tokens", None
@@ -152,6 +159,8 @@ def nearest_preset(n_star):
     """The auto preset whose total parameter count is nearest N* in log scale. Past base (120 M,
     cramming's model for a GPU day) auto does not go: a larger model takes fewer steps in the
     same hours."""
+    # total parameters, embeddings included: at these sizes the embedding is a large share of the
+    # model (tiny: most of it), and the fitted constants count all parameters
     def total_params(name):
         return model.count_params(model.make_config(name, vocab_size=PRESET_VOCAB[name]))
     return min(AUTO_PRESETS, key=lambda n: abs(math.log(total_params(n) / n_star)))

@@ -167,13 +167,13 @@ def test_activation_checkpointing_changes_no_gradient_and_saves_fewer_tensors():
     assert [n for n, _ in plain.named_parameters()] == [n for n, _ in recomputed.named_parameters()]
 
 
-@pytest.mark.parametrize("flags,message", [
+@pytest.mark.parametrize("argv,message", [
     (["--grow", "compound"], "--grow needs --shard ddp: the grow operators read and write full weight tensors"),
     (["--positions", "sinusoidal"], "--positions sinusoidal needs --shard ddp: its learned scale is a scalar"),
 ])
-def test_fsdp_refuses_what_it_cannot_shard_in_one_line(flags, message, capsys):
+def test_fsdp_refuses_what_it_cannot_shard_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        flags.parse_args(["--max-steps", "3", "--shard", "fsdp", *flags])
+        flags.parse_args(["--max-steps", "3", "--shard", "fsdp", *argv])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("train.py: error:") and message in err

@@ -365,16 +365,16 @@ def test_two_process_ddp_on_a_mixture_equals_one_process(sample_cache, tmp_path)
 
 # --- command line -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("flags,message", [
+@pytest.mark.parametrize("argv,message", [
     ([], "give a budget"),
     (["--hours", "-1"], "--hours must be positive"),
     (["--max-steps", "3", "--model", "huge"], "--model must be auto or one of"),
     (["--max-steps", "3", "--schedule", "square"], "invalid choice: 'square'"),
     (["--max-steps", "3", "--batch-ramp", "1.5"], "--batch-ramp and --warmup must be in"),
 ])
-def test_bad_flags_give_one_line_errors(flags, message, capsys):
+def test_bad_flags_give_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        flags.parse_args(flags)
+        flags.parse_args(argv)
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("train.py: error:") and message in err

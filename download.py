@@ -1,12 +1,16 @@
-"""download.py: fetch public files over HTTP so that a flaky network or a kill never leaves a half file.
+"""download.py: fetch public files over HTTP so that a flaky network or a kill never leaves a half
+file.
 
-data.py fetches its corpora with it (FineWeb-Edu shards, FineWeb-2 row groups) and evaluate_glue.py the GLUE
-tasks. Every download:
+data.py fetches its corpora with it (FineWeb-Edu shards, FineWeb-2 row groups) and evaluate_glue.py
+the GLUE tasks. Every download:
 - resumes: a file grows in DEST.partial and a new try asks for the rest with an HTTP Range request;
-- retries network errors, 5xx answers and short reads with exponential backoff; a 4xx answer fails at once;
-- checks the byte count against Content-Length or Content-Range, and renames into place only when it is whole;
+- retries network errors, 5xx answers and short reads with exponential backoff; a 4xx answer fails
+  at once;
+- checks the byte count against Content-Length or Content-Range, and renames into place only when it
+  is whole;
 - fails with one line that names the URL, the reason and what to do instead (the caller's `hint`).
-RemoteFile reads parts of a remote file by Range requests (for parquet: the footer, then one row group).
+RemoteFile reads parts of a remote file by Range requests (for parquet: the footer, then one row
+group).
 """
 import http.client
 import io
@@ -18,11 +22,13 @@ import urllib.request
 from tqdm import tqdm
 
 DOWNLOAD_BACKOFF_S = 2.0      # first retry wait of a failed download (seconds), doubling per retry
-NO_HINT = "check the URL and the network"  # what a failure suggests when the caller gives no hint of its own
+# what a failure suggests when the caller gives no hint of its own
+NO_HINT = "check the URL and the network"
 
 
 class HTTPStatusError(ValueError):
-    """A request the server refused (HTTP 4xx): the one-line message, and the status for callers that expect one."""
+    """A request the server refused (HTTP 4xx): the one-line message, and the status for callers
+    that expect one."""
 
     def __init__(self, message, status):
         super().__init__(message)
@@ -30,9 +36,9 @@ class HTTPStatusError(ValueError):
 
 
 def retrying(url, attempt, retries, backoff_s, hint):
-    """attempt() until it returns. Network errors, 5xx answers and short reads (OSError) are retried after
-    backoff_s, 2*backoff_s, ... (default DOWNLOAD_BACKOFF_S); a 4xx answer fails at once. Failure is a one-line
-    ValueError naming the URL, the reason and `hint` (what to do offline)."""
+    """attempt() until it returns. Network errors, 5xx answers and short reads (OSError) are retried
+    after backoff_s, 2*backoff_s, ... (default DOWNLOAD_BACKOFF_S); a 4xx answer fails at once.
+    Failure is a one-line ValueError naming the URL, the reason and `hint` (what to do offline)."""
     backoff_s = DOWNLOAD_BACKOFF_S if backoff_s is None else backoff_s
     error = None
     for i in range(retries):
@@ -42,18 +48,22 @@ def retrying(url, attempt, retries, backoff_s, hint):
             return attempt()
         except urllib.error.HTTPError as e:
             if 400 <= e.code < 500:
-                raise HTTPStatusError(f"cannot download {url}: HTTP {e.code} {e.reason}; {hint}", e.code) from None
+                raise HTTPStatusError(f"cannot download {url}: HTTP {e.code} {e.reason}; {hint}",
+                                      e.code) from None
             error = e
-        except (OSError, http.client.HTTPException) as e:  # URLError (offline, refused), timeouts, short reads
+        # URLError (offline, refused), timeouts, short reads
+        except (OSError, http.client.HTTPException) as e:
             error = e
     reason = getattr(error, "reason", error)
     raise ValueError(f"cannot download {url} after {retries} tries ({reason}); offline? {hint}")
 
 
-def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress=True, hint=NO_HINT):
-    """Download url to dest: resumes a dest.partial with an HTTP Range request, retries with exponential
-    backoff (retrying), checks the byte count against Content-Length/Content-Range and renames into place at
-    the end. Existing files are not fetched again. Failure is a one-line ValueError (see retrying)."""
+def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress=True,
+                  hint=NO_HINT):
+    """Download url to dest: resumes a dest.partial with an HTTP Range request, retries with
+    exponential backoff (retrying), checks the byte count against Content-Length/Content-Range and
+    renames into place at the end. Existing files are not fetched again. Failure is a one-line
+    ValueError (see retrying)."""
     if os.path.exists(dest):
         return dest
     part = dest + ".partial"
@@ -64,17 +74,20 @@ def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as resp:
                 if resp.status == 206:  # the server resumes where the partial file ends
-                    total, mode = int(resp.headers.get("Content-Range", "/-1").rsplit("/", 1)[1]), "ab"
+                    total, mode = int(resp.headers.get("Content-Range", "/-1").rsplit("/",
+                                                                                      1)[1]), "ab"
                 else:                   # a plain 200 ignores the range: start over
                     have, total, mode = 0, int(resp.headers.get("Content-Length", -1)), "wb"
-                with open(part, mode) as f, tqdm(total=total if total >= 0 else None, initial=have, unit="B",
+                with open(part, mode) as f, tqdm(total=total if total >= 0 else None, initial=have,
+                                                 unit="B",
                                                  unit_scale=True, desc=os.path.basename(dest),
                                                  disable=not progress) as bar:
                     while chunk := resp.read(1 << 20):
                         f.write(chunk)
                         bar.update(len(chunk))
         except urllib.error.HTTPError as e:
-            if e.code == 416 and os.path.exists(part):  # the partial file does not fit the remote file: retry anew
+            # the partial file does not fit the remote file: retry anew
+            if e.code == 416 and os.path.exists(part):
                 os.remove(part)
                 raise OSError(f"HTTP 416 {e.reason}") from None
             raise
@@ -87,9 +100,9 @@ def download_file(url, dest, retries=5, backoff_s=None, timeout_s=60.0, progress
 
 
 def fetch_range(url, start, end, retries=5, backoff_s=None, timeout_s=60.0, hint=NO_HINT):
-    """(bytes start..end-1 of a remote file, the file's size) by one HTTP Range request, retried like
-    download_file. A short answer is retried; a server that ignores Range is a one-line error, never a silent
-    download of the whole (multi-GB) file."""
+    """(bytes start..end-1 of a remote file, the file's size) by one HTTP Range request, retried
+    like download_file. A short answer is retried; a server that ignores Range is a one-line error,
+    never a silent download of the whole (multi-GB) file."""
     def attempt():
         request = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end - 1}"})
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
@@ -105,8 +118,9 @@ def fetch_range(url, start, end, retries=5, backoff_s=None, timeout_s=60.0, hint
 
 
 class RemoteFile(io.RawIOBase):
-    """A remote file read through HTTP Range requests (fetch_range), for pyarrow: it reads a parquet file's
-    footer and then only the column chunks asked for, so one row group is fetched without the file around it."""
+    """A remote file read through HTTP Range requests (fetch_range), for pyarrow: it reads a parquet
+    file's footer and then only the column chunks asked for, so one row group is fetched without the
+    file around it."""
 
     def __init__(self, url, **kwargs):
         super().__init__()

@@ -1,5 +1,6 @@
-"""Zero-shot evaluation of a checkpoint: multiple choice by log-likelihood and last-word prediction, scored the
-way EleutherAI's evaluation harness scores them (BigScience chose BLOOM's architecture by these numbers).
+"""Zero-shot evaluation of a checkpoint: multiple choice by log-likelihood and last-word prediction,
+scored the way EleutherAI's evaluation harness scores them (BigScience chose BLOOM's architecture by
+these numbers).
 
     python evaluate_lm.py --checkpoint runs/clm/final --task-file my_task.jsonl
     python evaluate_lm.py --checkpoint runs/clm/final --task cloze --task last-word --held-out cache/sample-...
@@ -7,17 +8,20 @@ way EleutherAI's evaluation harness scores them (BigScience chose BLOOM's archit
 Task files are JSONL, one object per line:
   multiple choice   {"context": "The cat sat on the", "choices": ["mat", "moon"], "label": 0}
   last word         {"text": "a passage whose final word is to be predicted"}
-Built-in tasks (`--task`), made deterministically from the held-out documents of a prepared data folder (data.py's
-validation split: never a training document), so models can be compared without downloading anything:
-  cloze       a sentence, then the true next sentence among 3 sentences from other held-out documents
+Built-in tasks (`--task`), made deterministically from the held-out documents of a prepared data
+folder (data.py's validation split: never a training document), so models can be compared without
+downloading anything:
+  cloze       a sentence, then the true next sentence among 3 sentences from other held-out
+              documents
   last-word   the final word of a 40-word passage (LAMBADA-style)
 
-Scoring (lm-eval 0.4's definitions). A choice is scored by the summed log-probability of its tokens after the
-context and a space: `acc` takes the argmax of the sums, `acc_norm` of the sums divided by the choice's length in
-characters. Last word: `acc` is whether greedy decoding gives exactly the word's tokens (every position's argmax
-is the true token), `perplexity` = exp(-mean log-probability of the word). Causal models score in one forward
-pass per item. Masked models get the pseudo-log-likelihood (Salazar et al. 2020): each token of the choice is
-masked in turn, one forward pass per token; slower, and labelled "PLL" in the output.
+Scoring (lm-eval 0.4's definitions). A choice is scored by the summed log-probability of its tokens
+after the context and a space: `acc` takes the argmax of the sums, `acc_norm` of the sums divided by
+the choice's length in characters. Last word: `acc` is whether greedy decoding gives exactly the
+word's tokens (every position's argmax is the true token), `perplexity` = exp(-mean log-probability
+of the word). Causal models score in one forward pass per item. Masked models get the
+pseudo-log-likelihood (Salazar et al. 2020): each token of the choice is masked in turn, one forward
+pass per token; slower, and labelled "PLL" in the output.
 """
 import argparse
 import json
@@ -42,8 +46,9 @@ BUILT_IN = ("cloze", "last-word")
 
 
 def read_task_file(path):
-    """(kind, items) of a JSONL task file: kind "multiple_choice" ({"context", "choices", "label"}) or
-    "last_word" ({"text"}), decided by the first line. Raises ValueError naming file:line and what is wrong."""
+    """(kind, items) of a JSONL task file: kind "multiple_choice" ({"context", "choices", "label"})
+    or "last_word" ({"text"}), decided by the first line. Raises ValueError naming file:line and
+    what is wrong."""
     if not os.path.isfile(path):
         raise ValueError(f"{path}: task file not found")
     items, kind = [], None
@@ -113,8 +118,9 @@ def split_sentences(text, min_words=4):
 
 
 def build_cloze(docs, n_items=500, n_choices=4, seed=0):
-    """Multiple-choice items: a sentence as context; the sentence that follows it in its document, against
-    n_choices - 1 sentences drawn from other held-out documents. Deterministic for a seed."""
+    """Multiple-choice items: a sentence as context; the sentence that follows it in its document,
+    against n_choices - 1 sentences drawn from other held-out documents. Deterministic for a
+    seed."""
     per_doc = [split_sentences(d) for d in docs]
     pairs = [(i, s[j], s[j + 1]) for i, s in enumerate(per_doc) for j in range(len(s) - 1)]
     if len(per_doc) < 2 or not pairs:
@@ -131,7 +137,8 @@ def build_cloze(docs, n_items=500, n_choices=4, seed=0):
 
 
 def build_last_word(docs, n_items=500, words=40, seed=0):
-    """Last-word items: passages of `words` consecutive words whose final word is alphabetic (LAMBADA-style)."""
+    """Last-word items: passages of `words` consecutive words whose final word is alphabetic
+    (LAMBADA-style)."""
     candidates = []
     for d in docs:
         w = d.split()
@@ -150,59 +157,71 @@ def build_last_word(docs, n_items=500, words=40, seed=0):
 
 
 def continuation(context, choice):
-    """The harness's target: the choice after a space, unless the context ends or the choice starts with one."""
+    """The harness's target: the choice after a space, unless the context ends or the choice starts
+    with one."""
     return choice if not context or context[-1].isspace() or choice[:1].isspace() else " " + choice
 
 
 @torch.no_grad()
 def score_causal(net, specials, context_ids, cont_ids_list):
-    """[(sum of log p(continuation tokens | context), all greedy?)] for continuations of one context, in one
-    batched forward pass: [SEP] context continuation (a document starts after [SEP] in the training stream),
-    cut from the left to the model's length."""
+    """[(sum of log p(continuation tokens | context), all greedy?)] for continuations of one
+    context, in one batched forward pass: [SEP] context continuation (a document starts after [SEP]
+    in the training stream), cut from the left to the model's length."""
     T = net.config["max_seq_len"]
     rows = [([specials["sep"]] + context_ids + c)[-T:] for c in cont_ids_list]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), specials["pad"], dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, :len(r)] = torch.tensor(r)
-    logp = net(ids.to(net.tok_emb.weight.device))["logits"].float().log_softmax(-1).cpu()  # (B, width, V)
+    # (B, width, V)
+    logp = net(ids.to(net.tok_emb.weight.device))["logits"].float().log_softmax(-1).cpu()
     out = []
     for i, (r, c) in enumerate(zip(rows, cont_ids_list)):
-        pos = torch.arange(len(r) - len(c) - 1, len(r) - 1)          # positions that predict the continuation
+        # positions that predict the continuation
+        pos = torch.arange(len(r) - len(c) - 1, len(r) - 1)
         target = torch.tensor(c)
-        out.append((float(logp[i, pos, target].sum()), bool((logp[i, pos].argmax(-1) == target).all())))
+        out.append((float(logp[i, pos, target].sum()), bool((logp[i,
+                                                                  pos].argmax(-1) == target).all())))
     return out
 
 
 @torch.no_grad()
 def score_masked(net, specials, context_ids, cont_ids_list):
-    """Pseudo-log-likelihood (Salazar et al. 2020): for each continuation, [CLS] context continuation [SEP] with
-    one of its tokens masked at a time; the sum of log p(true token) over those passes, and whether each was
-    the argmax. One forward pass per continuation token (batched)."""
+    """Pseudo-log-likelihood (Salazar et al. 2020): for each continuation, [CLS] context
+    continuation [SEP] with one of its tokens masked at a time; the sum of log p(true token) over
+    those passes, and whether each was the argmax. One forward pass per continuation token
+    (batched)."""
     T = net.config["max_seq_len"]
     out = []
     for c in cont_ids_list:
         keep = max(0, T - 2 - len(c))
         row = [specials["cls"]] + context_ids[len(context_ids) - keep:] + c + [specials["sep"]]
-        first = len(row) - 1 - len(c)                                 # where the continuation starts
-        ids = torch.tensor(row).repeat(len(c), 1)                     # (len(c), L): one row per masked token
+        # where the continuation starts
+        first = len(row) - 1 - len(c)
+        # (len(c), L): one row per masked token
+        ids = torch.tensor(row).repeat(len(c), 1)
         positions = torch.arange(first, first + len(c))
         ids[torch.arange(len(c)), positions] = specials["mask"]
         device = net.tok_emb.weight.device
-        logits = net(ids.to(device), label_positions=positions[:, None].to(device))["logits"]  # (len(c), 1, V)
+        # (len(c), 1, V)
+        logits = net(ids.to(device), label_positions=positions[:, None].to(device))["logits"]
         logp = logits[:, 0].float().log_softmax(-1).cpu()
         target = torch.tensor(c)
-        out.append((float(logp[torch.arange(len(c)), target].sum()), bool((logp.argmax(-1) == target).all())))
+        out.append((float(logp[torch.arange(len(c)), target].sum()),
+                    bool((logp.argmax(-1) == target).all())))
     return out
 
 
 def pick(logprobs, choices):
-    """(acc choice, acc_norm choice): argmax of the sums, and of the sums per character of the choice."""
-    return int(np.argmax(logprobs)), int(np.argmax([lp / max(1, len(c)) for lp, c in zip(logprobs, choices)]))
+    """(acc choice, acc_norm choice): argmax of the sums, and of the sums per character of the
+    choice."""
+    return int(np.argmax(logprobs)), int(np.argmax([lp / max(1, len(c)) for lp, c in zip(logprobs,
+                                                                                         choices)]))
 
 
 def evaluate_items(net, enc, kind, items, progress=True, desc=""):
-    """Score one task. Returns its metrics (percent; perplexity as a number) and the per-item results."""
+    """Score one task. Returns its metrics (percent; perplexity as a number) and the per-item
+    results."""
     specials = data.special_ids(enc)
     score = score_causal if net.config["objective"] == "clm" else score_masked
     T = net.config["max_seq_len"]
@@ -210,7 +229,8 @@ def evaluate_items(net, enc, kind, items, progress=True, desc=""):
     for item in tqdm(items, desc=desc, unit="item", disable=not progress):
         if kind == "multiple_choice":
             ctx = enc.encode_ordinary(item["context"])
-            conts = [enc.encode_ordinary(continuation(item["context"], c))[:T - 2] for c in item["choices"]]
+            conts = [enc.encode_ordinary(continuation(item["context"],
+                                                      c))[:T - 2] for c in item["choices"]]
             scores = score(net, specials, ctx, conts)
             acc, acc_norm = pick([s for s, _ in scores], item["choices"])
             per_item.append({"acc": acc == item["label"], "acc_norm": acc_norm == item["label"]})
@@ -232,13 +252,14 @@ def evaluate_items(net, enc, kind, items, progress=True, desc=""):
 
 
 def harness_model_class():
-    """lm_eval's LM subclass for our checkpoints, registered as "growcram" (lm_eval imported here, lazily)."""
+    """lm_eval's LM subclass for our checkpoints, registered as "growcram" (lm_eval imported here,
+    lazily)."""
     from lm_eval.api.model import LM
     from lm_eval.api.registry import MODEL_REGISTRY, register_model
 
     class GrowcramLM(LM):
-        """loglikelihood / loglikelihood_rolling / generate_until over one checkpoint folder, with the scoring
-        above (log-likelihood for causal models, PLL for masked ones)."""
+        """loglikelihood / loglikelihood_rolling / generate_until over one checkpoint folder, with
+        the scoring above (log-likelihood for causal models, PLL for masked ones)."""
 
         def __init__(self, checkpoint, device=None, **kwargs):
             super().__init__()
@@ -283,7 +304,8 @@ def harness_model_class():
 
 
 def evaluate_harness(checkpoint, tasks, include_path=None, limit=None, device=None):
-    """lm_eval.simple_evaluate on our checkpoint: {task: {metric: value}} as the harness reports them."""
+    """lm_eval.simple_evaluate on our checkpoint: {task: {metric: value}} as the harness reports
+    them."""
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
@@ -292,18 +314,20 @@ def evaluate_harness(checkpoint, tasks, include_path=None, limit=None, device=No
     lm = harness_model_class()(checkpoint, device=device)
     out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit,
                                   task_manager=TaskManager(include_path=include_path) if include_path else None)
-    return {t: {k: v for k, v in m.items() if isinstance(v, (int, float))} for t, m in out["results"].items()}
+    return {t: {k: v for k, v in m.items() if isinstance(v, (int, float))} for t,
+            m in out["results"].items()}
 
 
 # -----------------------------------------------------------------------------
 # The whole evaluation
 
 
-def evaluate(checkpoint, task_files=(), tasks=(), held_out=None, out=None, n_items=500, seed=0, device=None,
+def evaluate(checkpoint, task_files=(), tasks=(), held_out=None, out=None, n_items=500, seed=0,
+             device=None,
              progress=True):
-    """Zero-shot scores of `checkpoint` (a folder with config.json, model.pt, tokenizer.json) on every task file
-    and built-in task. Returns {"checkpoint", "scoring", "tasks": {name: {"kind", "n", "metrics"}}}; with out,
-    also writes out/results.json and out/results.md."""
+    """Zero-shot scores of `checkpoint` (a folder with config.json, model.pt, tokenizer.json) on
+    every task file and built-in task. Returns {"checkpoint", "scoring", "tasks": {name: {"kind",
+    "n", "metrics"}}}; with out, also writes out/results.json and out/results.md."""
     if not task_files and not tasks:
         raise ValueError("nothing to evaluate: give --task-file FILE and/or --task cloze|last-word")
     unknown = [t for t in tasks if t not in BUILT_IN]
@@ -322,19 +346,22 @@ def evaluate(checkpoint, task_files=(), tasks=(), held_out=None, out=None, n_ite
     if enc.n_vocab > net.config["vocab_size"]:
         raise ValueError(f"{checkpoint}: tokenizer has {enc.n_vocab} tokens, the model {net.config['vocab_size']}")
     scoring = "log-likelihood" if net.config["objective"] == "clm" else "PLL (pseudo-log-likelihood, masked LM)"
-    results = {"checkpoint": checkpoint, "objective": net.config["objective"], "scoring": scoring, "units":
+    results = {"checkpoint": checkpoint, "objective": net.config["objective"], "scoring": scoring,
+               "units":
                "percent (perplexity: a number)", "tasks": {}}
     for name, kind, items in jobs:
         t0 = time.time()
         metrics, _ = evaluate_items(net, enc, kind, items, progress, name)
         results["tasks"][name] = {"kind": kind, "n": len(items), "metrics": metrics,
                                   "seconds": round(time.time() - t0, 2)}
-        print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()) + f"  ({len(items)} items)")
+        print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k,
+                                      v in metrics.items()) + f"  ({len(items)} items)")
     table = markdown_table(results)
     print(table)
     if out:
         os.makedirs(out, exist_ok=True)
-        data.atomic_write(os.path.join(out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))
+        data.atomic_write(os.path.join(out, "results.json"), lambda f: f.write(json.dumps(results,
+                                                                                          indent=2).encode()))
         data.atomic_write(os.path.join(out, "results.md"), lambda f: f.write(table.encode()))
         print(f"wrote {out}/results.json and {out}/results.md")
     return results
@@ -342,7 +369,8 @@ def evaluate(checkpoint, task_files=(), tasks=(), held_out=None, out=None, n_ite
 
 def markdown_table(results):
     lines = [f"# Zero-shot results for `{results['checkpoint']}` ({results['scoring']})", "",
-             "| task | kind | items | acc | acc_norm | perplexity |", "|---|---|---:|---:|---:|---:|"]
+             "| task | kind | items | acc | acc_norm | perplexity |",
+             "|---|---|---:|---:|---:|---:|"]
     for name, r in results["tasks"].items():
         m = r["metrics"]
         cell = lambda k, spec: format(m[k], spec) if k in m else ""  # noqa: E731
@@ -352,29 +380,39 @@ def markdown_table(results):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="evaluate_lm.py", description="Zero-shot evaluation (multiple choice by "
-                                "log-likelihood, last word).", usage="%(prog)s --checkpoint DIR --task-file FILE | "
+    p = argparse.ArgumentParser(prog="evaluate_lm.py",
+                                description="Zero-shot evaluation (multiple choice by "
+                                "log-likelihood, last word).",
+                                usage="%(prog)s --checkpoint DIR --task-file FILE | "
                                 "--task NAME [flags]  (--help lists them)")
-    p.add_argument("--checkpoint", required=True, help="folder with config.json, model.pt, tokenizer.json")
-    p.add_argument("--task-file", action="append", default=[], help="a JSONL task file (repeatable)")
-    p.add_argument("--task", action="append", default=[], choices=BUILT_IN, help="a built-in task (repeatable)")
-    p.add_argument("--held-out", default=None, help="prepared data folder whose validation documents the built-in "
+    p.add_argument("--checkpoint", required=True,
+                   help="folder with config.json, model.pt, tokenizer.json")
+    p.add_argument("--task-file", action="append", default=[],
+                   help="a JSONL task file (repeatable)")
+    p.add_argument("--task", action="append", default=[], choices=BUILT_IN,
+                   help="a built-in task (repeatable)")
+    p.add_argument("--held-out", default=None,
+                   help="prepared data folder whose validation documents the built-in "
                    "tasks are made from (e.g. cache/sample-<hash>)")
     p.add_argument("--items", type=int, default=500, help="items per built-in task")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in tasks' choices")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
     p.add_argument("--out", default=None, help="folder for results.json and results.md")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    p.add_argument("--harness", default=None, help="comma-separated tasks of EleutherAI's evaluation harness "
+    p.add_argument("--harness", default=None,
+                   help="comma-separated tasks of EleutherAI's evaluation harness "
                    "(pip install lm-eval; they download their data), e.g. hellaswag,piqa,lambada_openai")
-    p.add_argument("--harness-include", default=None, help="folder of extra harness task YAML files (local tasks)")
-    p.add_argument("--limit", type=int, default=None, help="harness: at most this many items per task")
+    p.add_argument("--harness-include", default=None,
+                   help="folder of extra harness task YAML files (local tasks)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="harness: at most this many items per task")
     args = p.parse_args(argv)
     if args.items < 1:
         p.error(f"--items must be >= 1 (got {args.items})")
     try:
         if args.harness:
-            results = evaluate_harness(args.checkpoint, [t for t in args.harness.split(",") if t.strip()],
+            results = evaluate_harness(args.checkpoint,
+                                       [t for t in args.harness.split(",") if t.strip()],
                                        args.harness_include, args.limit, args.device)
             print(json.dumps(results, indent=2))
             if args.out:
@@ -383,7 +421,8 @@ def main(argv=None):
                                   lambda f: f.write(json.dumps(results, indent=2).encode()))
             if not (args.task_file or args.task):
                 return results
-        return evaluate(args.checkpoint, args.task_file, args.task, args.held_out, args.out, args.items, args.seed,
+        return evaluate(args.checkpoint, args.task_file, args.task, args.held_out, args.out,
+                        args.items, args.seed,
                         args.device, not args.no_progress)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None

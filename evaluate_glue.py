@@ -360,8 +360,8 @@ def fetch(url, dest, retries=3, retry_wait_s=2.0):
     """download.py's downloader (retries with backoff, resume, size check, atomic rename, progress
     bar); a failure stops the run with one line."""
     try:
-        return download.download_file(url, dest, retries=retries, backoff_s=retry_wait_s,
-                                      hint="set --download-url to a reachable mirror")
+        return download.download_file(url, dest, hint="set --download-url to a reachable mirror",
+                                      network={"retries": retries, "backoff_s": retry_wait_s})
     except ValueError as e:
         raise SystemExit(f"download failed: {e}") from None
 

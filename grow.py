@@ -199,19 +199,13 @@ def rewarm_factor(progress, at, rewarm):
     return min(1.0, max(0.0, (progress - at) / rewarm))
 
 
-# -----------------------------------------------------------------------------
-# When to grow, decided from the run (--grow-when auto)
-#
-# Staged training (Shen et al. 2022, sec. 4) grows when the small model's training efficiency drops:
-# it tracks the
-# slope s = d log L / d log C of the held-out loss against training compute and grows once s rises
-# above a
-# threshold (-0.0575 for depth, -0.0475 for width there, found on GPT-2 scaling curves). Under L ~
-# C^s a model
-# whose slope has flattened to s buys less loss per FLOP than a larger one would at the same loss,
-# which still
-# descends on the steeper part of its own curve. No paper ships a rule for a wall-clock budget, so
-# the stages'
+# ----------------------------------------------------------------------------- When to grow,
+# decided from the run (--grow-when auto)  Staged training (Shen et al. 2022, sec. 4) grows when the
+# small model's training efficiency drops: it tracks the slope s = d log L / d log C of the held-out
+# loss against training compute and grows once s rises above a threshold (-0.0575 for depth, -0.0475
+# for width there, found on GPT-2 scaling curves). Under L ~ C^s a model whose slope has flattened
+# to s buys less loss per FLOP than a larger one would at the same loss, which still descends on the
+# steeper part of its own curve. No paper ships a rule for a wall-clock budget, so the stages'
 # fractions become deadlines instead: stage k starts at the latest at AUTO_LATEST * k / (stages - 1)
 # of the budget.
 
@@ -333,14 +327,11 @@ def new_entries(t, dims):
 
 
 # Which spec each dimension of each parameter follows. "res": the residual stream d (outputs
-# duplicated),
-# "res_in": matmul inputs read from the residual stream (split), "res_out": the final norm before
-# the decoder
-# (split: the decoder sums the copies), "qkv": packed [q; k; v] rows (heads duplicated), "heads_in":
-# the
-# attention output read by `out` (split), "up": FFN units (both halves when gated), "ffn_in": read
-# by `down`,
-# "pos": position rows. PyTorch stores Linear weights as (out, in).
+# duplicated), "res_in": matmul inputs read from the residual stream (split), "res_out": the final
+# norm before the decoder (split: the decoder sums the copies), "qkv": packed [q; k; v] rows (heads
+# duplicated), "heads_in": the attention output read by `out` (split), "up": FFN units (both halves
+# when gated), "ffn_in": read by `down`, "pos": position rows. PyTorch stores Linear weights as
+# (out, in).
 ROLES = {
     "tok_emb.weight": (None, "res"),                  # (V, d)
     "pos_emb.weight": ("pos", "res"),                 # (T, d)
@@ -444,9 +435,8 @@ def grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100):
         if copy and method == "zero" and role in ("out.weight", "out.bias", "down.weight",
                                                   "down.bias"):
             # A pre-LN block x + F(LN(x)) whose last matmuls are zero is the identity
-            # (Net2DeeperNet's analogue);
-            # only the outputs are zeroed so their gradients are not: d out = dy * attention output
-            # != 0.
+            # (Net2DeeperNet's analogue); only the outputs are zeroed so their gradients are not: d
+            # out = dy * attention output != 0.
             t = torch.zeros_like(t)
             source = None
         state[name] = t

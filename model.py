@@ -50,13 +50,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# -----------------------------------------------------------------------------
-# Configuration: one dict, defaults = the crammed-BERT base model.
-# A plain dict rather than a dataclass because it travels: save_model writes it as config.json
-# beside the weights,
-# train.py, grow.py and the evaluation scripts pass it between them, and scaling.py and grow.py
-# build and compare
-# configs key by key ({**cfg, "n_layers": 8}). validate_config is the one place that checks it.
+# ----------------------------------------------------------------------------- Configuration: one
+# dict, defaults = the crammed-BERT base model. A plain dict rather than a dataclass because it
+# travels: save_model writes it as config.json beside the weights, train.py, grow.py and the
+# evaluation scripts pass it between them, and scaling.py and grow.py build and compare configs key
+# by key ({**cfg, "n_layers": 8}). validate_config is the one place that checks it.
 
 DEFAULTS = {
     "vocab_size": 32768,        # tokenizer size; the embedding is padded up to a multiple of 64
@@ -175,9 +173,8 @@ def padded_vocab_size(cfg):
     return round_up(cfg["vocab_size"], VOCAB_MULTIPLE)
 
 
-# -----------------------------------------------------------------------------
-# Building blocks: norms, positions (sinusoidal, rotary, ALiBi), and the block (attention +
-# feed-forward)
+# ----------------------------------------------------------------------------- Building blocks:
+# norms, positions (sinusoidal, rotary, ALiBi), and the block (attention + feed-forward)
 
 def make_norm(cfg):
     # RMSNorm (Zhang & Sennrich 2019) rescales by the root mean square only: no mean subtraction, no
@@ -215,11 +212,9 @@ def apply_rotary(x, cos, sin):
     """Rotate pairs (x1, x2) of the two halves of the head dimension. x: (B, H, T, hd); cos/sin:
     (B|1, 1, T, hd/2)."""
     # Pairs are (x_i, x_{i + hd/2}) rather than RoFormer's neighbours (x_2i, x_2i+1): the same
-    # rotation up to a fixed
-    # permutation of the head dimensions, without interleaving. Rotating q and k by their positions
-    # makes q.k
-    # depend only on the offset between them. Computed in float32, returned in x's dtype.
-    # 2 x (B, H, T, hd/2)
+    # rotation up to a fixed permutation of the head dimensions, without interleaving. Rotating q
+    # and k by their positions makes q.k depend only on the offset between them. Computed in
+    # float32, returned in x's dtype. 2 x (B, H, T, hd/2)
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
@@ -261,8 +256,7 @@ class Block(nn.Module):
         scores."""
         B, T, d = x.shape
         # (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd): heads become a batch dimension for
-        # SDPA.
-        # 3 x (B,H,T,hd)
+        # SDPA. 3 x (B,H,T,hd)
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         # Rotary rotates queries and keys only: the scores see positions, the values stay pure
         # content.
@@ -296,8 +290,8 @@ class Block(nn.Module):
         # Residual dropout on each sublayer's output before the add; p = 0 while pretraining.
         drop = lambda y: F.dropout(y, self.dropout, self.training)  # noqa: E731
         # Pre-LN: x + f(norm(x)). The residual stream is a plain sum that no norm rescales, so
-        # gradients stay
-        # well scaled at initialization and no long warm-up is needed (Xiong et al. 2020).
+        # gradients stay well scaled at initialization and no long warm-up is needed (Xiong et al.
+        # 2020).
         if self.pre_norm:
             x = x + drop(self.attend(self.norm1(x), mask, rope, is_causal))
             return x + drop(self.feed_forward(self.norm2(x)))
@@ -306,9 +300,8 @@ class Block(nn.Module):
         return self.norm2(x + drop(self.feed_forward(x)))
 
 
-# -----------------------------------------------------------------------------
-# The Transformer: embedding -> n_layers blocks -> final norm, then the heads (LM and
-# classification)
+# ----------------------------------------------------------------------------- The Transformer:
+# embedding -> n_layers blocks -> final norm, then the heads (LM and classification)
 
 class Transformer(nn.Module):
     """Embedding -> n_layers blocks -> final norm -> tied output projection (and an optional
@@ -320,8 +313,7 @@ class Transformer(nn.Module):
         self.config = cfg
         d, V = cfg["d_model"], padded_vocab_size(cfg)
         # V rows, vocab_size of them real tokens: the padding rows are never inputs, and the softmax
-        # pushes their
-        # scores down in training (fill_mask and generate leave them out explicitly).
+        # pushes their scores down in training (fill_mask and generate leave them out explicitly).
         self.tok_emb = nn.Embedding(V, d)
         if cfg["positions"] == "learned":
             self.pos_emb = nn.Embedding(cfg["max_seq_len"], d)
@@ -393,10 +385,8 @@ class Transformer(nn.Module):
         if not alibi:
             return allowed, False
         # ALiBi (Press et al. 2022): no position embedding; each head's score falls linearly with
-        # the distance
-        # between query and key, at its own slope. |i - j| makes the bias symmetric for the
-        # bidirectional encoder.
-        # (B|1,1,T,T)
+        # the distance between query and key, at its own slope. |i - j| makes the bias symmetric for
+        # the bidirectional encoder. (B|1,1,T,T)
         distance = (position_ids[:, None, :, None] - position_ids[:, None, None, :]).abs().float()
         # (B|1,H,T,T)
         bias = -self.slopes.to(device)[None, :, None, None] * distance
@@ -435,11 +425,10 @@ class Transformer(nn.Module):
         """(B, T) -> (B, T, d) contextual representations after the final norm."""
         return self.finish(self.trunk(input_ids, attention_mask, position_ids))
 
-    # -------------------------------------------------------------------------------
-    # Heads: the language-model head (sparse for MLM) and the [CLS] classification head.
-    # cramming drops BERT's dense + GELU + LayerNorm transform before the output projection: the
-    # final norm's
-    # output goes straight into the tied projection, with no decoder bias.
+    # ------------------------------------------------------------------------------- Heads: the
+    # language-model head (sparse for MLM) and the [CLS] classification head. cramming drops BERT's
+    # dense + GELU + LayerNorm transform before the output projection: the final norm's output goes
+    # straight into the tied projection, with no decoder bias.
 
     def logits(self, h):
         """(..., d) normalized hidden states -> (..., V) scores over the padded vocabulary."""
@@ -527,9 +516,8 @@ def set_dropout(model, p):
     return model
 
 
-# -----------------------------------------------------------------------------
-# Accounting: parameters and training FLOPs, pure functions of the config (scaling.py and train.py
-# use them).
+# ----------------------------------------------------------------------------- Accounting:
+# parameters and training FLOPs, pure functions of the config (scaling.py and train.py use them).
 # count_params(cfg) equals the parameter count of build_model(cfg), without building it.
 
 def _norm_params(cfg):
@@ -669,8 +657,7 @@ def _ready(net, enc, objective, hint):
         raise ValueError(f"tokenizer has {enc.n_vocab} tokens, the model only {net.config['vocab_size']}: "
                          f"not the tokenizer it was trained with")
     # Ordinary (byte/merge) ids come first, specials after them (data.n_ordinary): scoring only ids
-    # below
-    # this leaves out [CLS] [SEP] [MASK] ..., the reserved ids and the padding rows of the
+    # below this leaves out [CLS] [SEP] [MASK] ..., the reserved ids and the padding rows of the
     # embedding.
     return net, min(enc.encode_single_token(s) for s in enc.special_tokens_set)
 
@@ -688,9 +675,8 @@ def fill_mask(net, enc, text, top_k=5):
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
     # The input looks like a pretraining sequence, [CLS] text [SEP] (data.Loader). A BPE word
-    # carries its
-    # leading space, so the space before a [MASK] belongs to the masked token, not to the text
-    # before it.
+    # carries its leading space, so the space before a [MASK] belongs to the masked token, not to
+    # the text before it.
     special = {s: enc.encode_single_token(s) for s in ("[CLS]", "[SEP]", "[MASK]")}
     ids = [special["[CLS]"]]
     for piece in before:

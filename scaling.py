@@ -39,12 +39,10 @@ import numpy as np
 # Accounting: hardware peaks, and hours x GPUs x MFU -> FLOPs -> tokens
 
 # Dense (no 2:4 sparsity) tensor-core peak FLOP/s for bf16 inputs with fp32 accumulation, per GPU,
-# from the vendor
-# datasheets / architecture whitepapers (the same values as nanochat's get_peak_flops table where
-# they overlap).
-# GeForce cards accumulate in fp32 at half their fp16-accumulate rate; pre-Ampere cards have no
-# bf16, so their fp16
-# (fp32-accumulate) peak is listed, which is what torch autocast fp16 uses.
+# from the vendor datasheets / architecture whitepapers (the same values as nanochat's
+# get_peak_flops table where they overlap). GeForce cards accumulate in fp32 at half their
+# fp16-accumulate rate; pre-Ampere cards have no bf16, so their fp16 (fp32-accumulate) peak is
+# listed, which is what torch autocast fp16 uses.
 GPU_PEAK_FLOPS = {
     # Turing whitepaper: RTX 2080 Ti 107.6 TF fp16-acc, 53.8 fp32-acc; fp16 only (cramming's GPU)
     "2080ti": 53.8e12,
@@ -121,8 +119,7 @@ def hours_to_tokens(hours, gpu, flops_per_token, n_gpus=1, mfu=0.4):
 
 PUBLISHED = {
     # Besiroglu et al. 2024 (Epoch AI): Chinchilla's own data refitted to convergence. The default:
-    # it also agrees
-    # with Chinchilla's Approaches 1 and 2 (about 20 tokens per parameter).
+    # it also agrees with Chinchilla's Approaches 1 and 2 (about 20 tokens per parameter).
     "epoch": {"E": 1.8172, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658,
               "N_counts": "total",
               "source": "Besiroglu et al. 2024 (Epoch AI) refit of Chinchilla's data"},
@@ -660,9 +657,8 @@ def _read_run(path):
                                                                    float)) and fpt > 0 else None,
                            "comparable": info.get("comparable")})
     # A log written by a train.py before resume truncated it can repeat the steps between a
-    # checkpoint and a
-    # kill: one point per token count, the last logged (the resumed run's), so no point counts
-    # twice.
+    # checkpoint and a kill: one point per token count, the last logged (the resumed run's), so no
+    # point counts twice.
     return list({p["D"]: p for p in points}.values())
 
 

@@ -14,14 +14,16 @@ How train.py uses it (`--grow SCHEDULE`):
     stages = grow.parse_schedule("0:n_layers=4,d_model=384; 0.25:n_layers=8; 0.5:n_layers=16,d_model=768", cfg)
     net = model.build_model(stages[0]["config"])               # the first stage (at 0) is the starting model
     ...  # at the first step whose progress = elapsed / budget passes stages[i]["at"], i >= 1:
-    net, optimizer, event = grow.apply_stage(net, optimizer, stages[i], make_optimizer)
+    net, optimizer, event = grow.apply_stage(net, optimizer, stages[i], make_optimizer,
+                                             {"noise": 0.0, "policy": "carry"})  # GROW_OPTIONS
     # then rebuild torch.compile / DDP wrappers, set the loader's sequence length to net.config["max_seq_len"],
     # log `event` (plus the loss just before and after), and optionally scale the learning rate by
     # grow.rewarm_factor(progress, stages[i]["at"], rewarm) for a short re-warmup.
 
 apply_stage = grow_model (weights) + grow_optimizer (AdamW state); both are public:
     grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100) -> (new_model, mapping)
-    grow_optimizer(old_opt, old_model, new_model, mapping, make_optimizer, policy="carry", new_moments="zero")
+    grow_optimizer(old_opt, old_model, new_model, mapping, make_optimizer,
+                   {"policy": "carry", "new_moments": "zero"})
 The grown model is model.build_model(new_cfg) with its state dict filled in, so its config is
 exactly that of a fresh model of the new size: it saves, loads and fine-tunes like any other.
 
@@ -213,6 +215,17 @@ AUTO_THRESHOLD = -0.05   # between staged training's depth and width thresholds
 AUTO_WINDOW = 3          # evaluations of the current stage the slope is fitted over
 AUTO_LATEST = 0.6        # the full model gets at least 40% of the budget
 
+# How apply_stage grows (train.py fills these from --grow-noise, --seed, --grow-optimizer,
+# --grow-moments); grow_model and grow_optimizer document each choice
+GROW_OPTIONS = {
+    "method": None,          # depth operator; None: the stage's own method, else "stack" (StackBERT)
+    "noise": 0.0,            # std of noise on copied input weights: breaks the symmetry of copies
+    "seed": 0,               # seeds that noise, so a grown run is reproducible
+    "ramp": 100,             # forward passes over which an MSG gate opens from 0 to 1
+    "policy": "carry",       # carry AdamW's moments and step count across growth (MSG) or "fresh"
+    "new_moments": "zero",   # copied coordinates start at zero moments, or "scaled" ones
+}
+
 
 def loss_slope(points):
     """Least-squares slope of log(loss) against log(training FLOPs) over [(flops, loss), ...]."""
@@ -227,19 +240,19 @@ def auto_deadline(next_stage, n_stages, latest=AUTO_LATEST):
     return latest * next_stage / (n_stages - 1)
 
 
-def auto_should_grow(points, progress, next_stage, n_stages, threshold=AUTO_THRESHOLD,
-                     window=AUTO_WINDOW,
-                     latest=AUTO_LATEST):
+def auto_should_grow(points, progress, next_stage, n_stages, threshold=AUTO_THRESHOLD):
     """(grow now?, why) for the current stage, given its held-out evaluations [(flops, loss), ...]
     in order:
     "deadline" once progress reaches the stage's deadline, "slope" once the last `window`
-    evaluations' slope is above `threshold`, else (False, None). Never past the last stage:
+    evaluations' slope (AUTO_WINDOW of them) is above `threshold`, else (False, None). Never past the last stage:
     next_stage must exist."""
     if next_stage >= n_stages:
         return False, None
-    if progress >= auto_deadline(next_stage, n_stages, latest):
+    # the deadline first: a stage whose loss never flattens must still hand over in time
+    if progress >= auto_deadline(next_stage, n_stages):
         return True, "deadline"
-    if len(points) >= window and loss_slope(points[-window:]) > threshold:
+    # a slope above the (negative) threshold: this stage now buys little loss per FLOP
+    if len(points) >= AUTO_WINDOW and loss_slope(points[-AUTO_WINDOW:]) > threshold:
         return True, "slope"
     return False, None
 
@@ -470,8 +483,7 @@ def add_gate(block, ramp):
 # -----------------------------------------------------------------------------
 # Growing the optimizer state
 
-def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer, policy="carry",
-                   new_moments="zero"):
+def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer, options=None):
     """A new optimizer for new_model: make_optimizer(new_model) (train.py's param groups and
     hyperparameters), then, with policy="carry", every state of the old optimizer mapped onto the
     grown parameters.
@@ -481,7 +493,9 @@ def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer,
     fresh Adam state (step 0). Where a tensor mixes old and new coordinates, the new ones take a
     first step of about (1 - b1)/sqrt(1 - b2) times the learning rate (the kept step count makes
     bias correction ~1), one reason to re-warm. new_moments="scaled": copies inherit their source's
-    moments, scaled like their gradients (spec())."""
+    moments, scaled like their gradients (spec()). options: policy and new_moments (GROW_OPTIONS)."""
+    options = {**GROW_OPTIONS, **(options or {})}
+    policy, new_moments = options["policy"], options["new_moments"]
     if policy not in ("carry", "fresh") or new_moments not in ("zero", "scaled"):
         raise ValueError(f"grow.py: policy must be carry|fresh and new_moments zero|scaled, "
                          f"got {policy!r}, {new_moments!r}")
@@ -526,19 +540,22 @@ def describe(cfg):
     return " ".join(f"{key}={cfg[key]}" for key in GROWN_KEYS)
 
 
-def apply_stage(model, optimizer, stage, make_optimizer, method=None, noise=0.0, seed=0, ramp=100,
-                policy="carry", new_moments="zero"):
+def apply_stage(model, optimizer, stage, make_optimizer, options=None):
     """Grow model and optimizer to a schedule stage (an entry of parse_schedule, or a bare config
     dict). Returns (new_model, new_optimizer, event) with event a plain dict for the log: the old
     and new shape and parameter count, the method, whether the function is preserved, and the
-    seconds growth took."""
+    seconds growth took. options: the keys of GROW_OPTIONS to override."""
+    options = {**GROW_OPTIONS, **(options or {})}
+    noise, policy, new_moments = options["noise"], options["policy"], options["new_moments"]
     cfg = stage["config"] if "config" in stage else stage
-    method = method or (stage.get("method") if "config" in stage else None) or "stack"
+    # an explicit method wins, then the stage's own (from its schedule), then stacking (StackBERT)
+    method = options["method"] or (stage.get("method") if "config" in stage else None) or "stack"
     start = time.perf_counter()
     old_cfg = dict(M.unwrap(model).config)
-    new_model, mapping = grow_model(model, cfg, method=method, noise=noise, seed=seed, ramp=ramp)
-    new_optimizer = grow_optimizer(optimizer, model, new_model, mapping, make_optimizer, policy,
-                                   new_moments)
+    new_model, mapping = grow_model(model, cfg, method=method, noise=noise, seed=options["seed"],
+                                    ramp=options["ramp"])
+    new_optimizer = grow_optimizer(optimizer, model, new_model, mapping, make_optimizer,
+                                   {"policy": policy, "new_moments": new_moments})
     return new_model, new_optimizer, {
         "at": stage.get("at"), "from": describe(old_cfg), "to": describe(new_model.config),
         "params_before": M.count_params(old_cfg), "params": M.count_params(new_model.config),

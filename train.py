@@ -1066,7 +1066,8 @@ def grow_now(run, state, net, optimizer, p, why):
     loss_before = evaluate(run, net)
     plain, optimizer, event = grow.apply_stage(
         model.unwrap(net), optimizer, run.stages[state.stage], lambda m: make_optimizer(m, args, run.device),
-        noise=args.grow_noise, seed=args.seed, policy=args.grow_optimizer, new_moments=args.grow_moments)
+        {"noise": args.grow_noise, "seed": args.seed, "policy": args.grow_optimizer,
+         "new_moments": args.grow_moments})
     net = wrap(plain.to(run.device).train(), args, run.device, run.world)  # compile and DDP see the new shapes
     loss_after = evaluate(run, net)
     state.stage_at, state.auto_points = p, [[state.flops, loss_after]]    # the new stage's curve starts here

@@ -698,10 +698,21 @@ def fill_mask(net, enc, text, top_k=5):
 
 
 @torch.no_grad()
-def generate(net, enc, prompt, max_new_tokens=20, temperature=0.0, top_k=None, seed=0):
+# How generate picks each next token; pass a dict with the keys to change
+SAMPLING = {
+    "temperature": 0.0,  # 0: greedy (argmax); above 0, softmax(logits / temperature) is sampled
+    "top_k": None,       # sample among the k likeliest only: cuts the unreliable tail (Fan et al. 2018)
+    "seed": 0,           # seeds the sampler, so one seed gives one continuation
+}
+
+
+def generate(net, enc, prompt, max_new_tokens=20, sampling=None):
     """The continuation of prompt by a causal model: greedy at temperature 0, else sampled from
-    softmax(logits / temperature), among the top_k most likely tokens if top_k is set. It stops
-    early at [SEP], the end of a document. Puts net in eval mode."""
+    softmax(logits / temperature), among the top_k most likely tokens if top_k is set (sampling:
+    the keys of SAMPLING to change). It stops early at [SEP], the end of a document. Puts net in
+    eval mode."""
+    sampling = {**SAMPLING, **(sampling or {})}
+    temperature, top_k, seed = sampling["temperature"], sampling["top_k"], sampling["seed"]
     net, n_ordinary = _ready(net, enc, "clm",
                              "generate needs a causal LM (fill_mask is for masked ones)")
     if temperature < 0:
@@ -766,8 +777,9 @@ def main(argv=None):
         net = load_model(args.checkpoint, "cuda" if torch.cuda.is_available() else "cpu")
         enc = data.load_tokenizer(tokenizer_path)
         if net.config["objective"] == "clm":
-            print(generate(net, enc, args.text, args.max_new_tokens, args.temperature,
-                           args.top_k or None, args.seed))
+            sampling = {"temperature": args.temperature, "top_k": args.top_k or None,
+                        "seed": args.seed}
+            print(generate(net, enc, args.text, args.max_new_tokens, sampling))
             return
         for i, guesses in enumerate(fill_mask(net, enc, args.text, args.top_k), start=1):
             print(f"[MASK] {i}: " + " | ".join(f"{token!r} {prob:.2f}" for token, prob in guesses))

@@ -697,7 +697,6 @@ def fill_mask(net, enc, text, top_k=5):
             for row_ids, row_probs in zip(top.tolist(), probs.tolist())]
 
 
-@torch.no_grad()
 # How generate picks each next token; pass a dict with the keys to change
 SAMPLING = {
     "temperature": 0.0,  # 0: greedy (argmax); above 0, softmax(logits / temperature) is sampled
@@ -706,6 +705,7 @@ SAMPLING = {
 }
 
 
+@torch.no_grad()
 def generate(net, enc, prompt, max_new_tokens=20, sampling=None):
     """The continuation of prompt by a causal model: greedy at temperature 0, else sampled from
     softmax(logits / temperature), among the top_k most likely tokens if top_k is set (sampling:

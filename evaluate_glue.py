@@ -37,7 +37,6 @@ from tqdm import tqdm
 import data
 import download
 import model
-import train
 
 csv.field_size_limit(1 << 24)  # a few MNLI/QQP fields are long; the default 128 KiB limit is close
 
@@ -494,15 +493,25 @@ def pad_batch(seqs, pad_id, device):
 
 def lr_factor(step, warmup_steps, total_steps):
     """Multiplier of the peak lr before optimizer step `step` (0-based): linear warmup from 0, then
-    cosine to 0 (train.py's cosine schedule, on a step clock)."""
+    cosine to 0, on a step clock (the same numbers as train.py's cosine schedule)."""
     total = max(1, total_steps)
-    return train.lr_multiplier(step / total, "cosine", warmup_steps / total)
+    p, warmup = step / total, warmup_steps / total
+    # Warmup, as in BERT's recipe (Devlin et al. 2019; its fine-tuning code warms up over 10% of the
+    # steps): a fresh head's first gradients are large and noisy, and full steps on them would
+    # disturb the pretrained trunk
+    if warmup > 0 and p < warmup:
+        return p / warmup
+    # Then one half-period of a cosine down to 0 (SGDR, Loshchilov & Hutter 2017), as cramming's
+    # GLUE protocol does: the lr is near 0 for the last steps, so the last-epoch score is settled
+    q = (p - warmup) / (1.0 - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(q, 1.0)))
 
 
 def autocast(device):
-    """train.py's autocast: bf16 on a GPU that supports it (no loss scaling needed), plain fp32
-    elsewhere."""
-    dtype = train.autocast_dtype("auto", device)
+    """bf16 on a GPU that supports it, plain fp32 elsewhere (the choice train.py makes)."""
+    # bf16 keeps fp32's exponent range, so no loss scaling is needed; most CPUs are no faster in it
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    dtype = torch.bfloat16 if bf16 else torch.float32
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
@@ -524,10 +533,12 @@ def predict(net, seqs, pad_id, batch_size, device, classes):
     return out[:, 0] if classes is None else out.argmax(-1)
 
 
-def finetune(trunk, spec, encoded, labels, settings, seed, device, progress=True, desc=""):
+def finetune(trunk, spec, examples, settings, seed, desc=""):
     """Copy the pretrained trunk, attach a fresh head, train for settings["epochs"] epochs and
-    return the trained model. encoded: token lists of the train split; labels: its (N,) class ids or
-    floats."""
+    return the trained model. examples = (encoded, labels): token lists of the train split and its
+    (N,) class ids or floats. settings: evaluate's, with "device", "pad_id" and "progress"."""
+    encoded, labels = examples
+    device, progress = settings["device"], settings["progress"]
     torch.manual_seed(seed)  # the head init and dropout masks
     net = copy.deepcopy(trunk)
     model.add_classifier(net, 1 if spec["classes"] is None else len(spec["classes"]))
@@ -589,7 +600,7 @@ def text_cleaning(checkpoint, clean=None):
     return {}, "data.py defaults"
 
 
-def run_task(name, spec, task_data, net_io, settings, progress=True):
+def run_task(name, spec, task_data, net_io, settings):
     """Fine-tune one task settings["seeds"] times. Returns (result dict, {submission name:
     predictions}).
 
@@ -609,15 +620,13 @@ def run_task(name, spec, task_data, net_io, settings, progress=True):
                 if settings["predict_test"]}  # test sets are only needed for submission files
     runs = []
     for seed in range(settings["seeds"]):
-        net = finetune(trunk, spec, enc_train, train["labels"], settings, seed, device, progress,
+        net = finetune(trunk, spec, (enc_train, train["labels"]), settings, seed,
                        f"{name} seed {seed}")
         try:
             preds = {split: {k: predict(net, seqs, ids["pad"], settings["eval_batch_size"], device,
                                         spec["classes"])
-                             for k, seqs in encoded.items()} for split, encoded in (("dev",
-                                                                                     enc_dev),
-                                                                                     ("test",
-                                                                                      enc_test))}
+                             for k, seqs in encoded.items()}
+                     for split, encoded in (("dev", enc_dev), ("test", enc_test))}
         except ValueError as e:
             raise ValueError(f"{name}, seed {seed}: {e}") from None
         metrics = task_metrics(spec, preds["dev"], task_data)
@@ -634,13 +643,12 @@ def run_task(name, spec, task_data, net_io, settings, progress=True):
     per_run = np.array([np.mean([r["metrics"][k] for k in headline]) for r in runs])
     chosen = runs[int(np.argmin(np.abs(per_run - np.median(per_run))))]
     skipped = {"train": task_data["train"]["skipped"],
-               **{"dev" + (f"_{k}" if k else ""): s["skipped"] for k,
-                  s in task_data["dev"].items()}}
+               **{"dev" + (f"_{k}" if k else ""): s["skipped"] for k, s in task_data["dev"].items()}}
     for k, n in skipped.items():
         if n:
             print(f"{name}: skipped {n} malformed row(s) in {k}")
-    print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k,
-                                  v in metrics.items()) + f"  ({time.time() - t0:.0f} s)")
+    print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items())
+          + f"  ({time.time() - t0:.0f} s)")
     result = {"metrics": metrics, "per_seed": [{"seed": r["seed"], **r["metrics"]} for r in runs],
               "submission_seed": chosen["seed"], "n_train": len(enc_train),
               "n_dev": {k or "dev": len(v) for k, v in enc_dev.items()}, "skipped_rows": skipped,
@@ -648,15 +656,34 @@ def run_task(name, spec, task_data, net_io, settings, progress=True):
     return result, chosen["test"]
 
 
-def evaluate(checkpoint, glue_dir="glue_data", tasks=None, seeds=5, out=None, epochs=5, lr=4e-5,
-             batch_size=16,
-             warmup=0.1, dropout=0.1, weight_decay=0.0, max_len=128, eval_batch_size=128,
-             max_train_examples=None,
-             include_wnli=False, device=None, task_file=None, task_dev_file=None, task_type="auto",
-             clean=None,
-             progress=True):
+# evaluate()'s settings: cramming's GLUE-sane protocol (Geiping & Goldstein 2023), whose
+# hyperparameters are set once for all tasks; pass a dict with the keys to change
+DEFAULTS = {
+    "glue_dir": "glue_data",       # folder with CoLA/, SST-2/, ... (download_glue fills it)
+    "seeds": 5,                    # fine-tuning runs per task, median reported: small sets are noisy
+    "out": None,                   # folder for results.json, results.md, submission/*.tsv
+    "epochs": 5,                   # cramming's rule: at most 5 epochs of fine-tuning
+    "lr": 4e-5,                    # peak AdamW lr; BERT picked from 2e-5..5e-5 (Devlin et al. 4.1)
+    "batch_size": 16,              # sequences per step: many updates even on RTE's 2.5k rows
+    "warmup": 0.1,                 # linear warmup over this share of the steps, then cosine to 0
+    "dropout": 0.1,                # on while fine-tuning (off in pretraining), as BERT's 0.1
+    "weight_decay": 0.0,           # none, as cramming's protocol sets it
+    "max_len": 128,                # tokens per input with [CLS]/[SEP] (cramming's max_seq_length)
+    "eval_batch_size": 128,        # no gradients at evaluation, so bigger batches fit
+    "max_train_examples": None,    # a fixed random subset of each training set (quick runs)
+    "include_wnli": False,         # count WNLI in the score (cramming does not: adversarial dev set)
+    "device": None,                # None: cuda if available, else cpu
+    "task_file": None,             # your own TSV task (load_task_file), run after the GLUE tasks
+    "task_dev_file": None,         # its dev TSV; None holds out 10% of its rows
+    "task_type": "auto",           # classification | regression | auto (from the labels)
+    "clean": None,                 # data.clean_text keywords; None: as the checkpoint's meta.json
+    "progress": True,              # progress bars
+}
+
+
+def evaluate(checkpoint, tasks=None, settings=None):
     """Fine-tune `checkpoint` (a folder with config.json, model.pt, tokenizer.json) on each task
-    `seeds` times.
+    settings["seeds"] times. settings: the keys of DEFAULTS to change.
 
     Returns the results dict (also written to out/results.json with out/results.md and
     out/submission/*.tsv):
@@ -666,7 +693,10 @@ def evaluate(checkpoint, glue_dir="glue_data", tasks=None, seeds=5, out=None, ep
     clean: keyword arguments of data.clean_text (default: what the checkpoint's meta.json records,
     else data.py's defaults).
     """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    given = {**DEFAULTS, **(settings or {})}
+    glue_dir, out, max_len = given["glue_dir"], given["out"], given["max_len"]
+    device = torch.device(given["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
+    task_file = given["task_file"]
     tasks = ([] if task_file else list(TASKS)) if tasks is None else check_tasks(tasks)
     tok_path = os.path.join(checkpoint, "tokenizer.json")
     enc = data.load_tokenizer(tok_path)
@@ -674,46 +704,56 @@ def evaluate(checkpoint, glue_dir="glue_data", tasks=None, seeds=5, out=None, ep
     trunk = model.load_model(checkpoint, device=device)
     cfg = trunk.config
     if enc.n_vocab > model.padded_vocab_size(cfg):
-        raise ValueError(f"{tok_path}: {enc.n_vocab} tokens but the model embeds only {cfg['vocab_size']}")
+        raise ValueError(f"{tok_path}: {enc.n_vocab} tokens but the model embeds only "
+                         f"{cfg['vocab_size']}")
+    # learned and sinusoidal tables end at max_seq_len; rotary, ALiBi and none extrapolate
     if cfg["positions"] in ("learned", "sinusoidal") and max_len > cfg["max_seq_len"]:
-        print(f"max length {max_len} > the model's {cfg['max_seq_len']} positions: using {cfg['max_seq_len']}")
+        print(f"max length {max_len} > the model's {cfg['max_seq_len']} positions: "
+              f"using {cfg['max_seq_len']}")
         max_len = cfg["max_seq_len"]
-    clean, clean_source = text_cleaning(checkpoint, clean)
-    settings = dict(epochs=epochs, lr=lr, batch_size=batch_size, warmup=warmup, dropout=dropout,
-                    weight_decay=weight_decay, max_len=max_len, seeds=seeds,
-                    eval_batch_size=eval_batch_size,
-                    max_train_examples=max_train_examples, clean=clean, pad_id=ids["pad"],
-                    predict_test=bool(out))
-    print(f"protocol: AdamW lr {lr:g} (betas 0.9/0.98, eps 1e-6, wd {weight_decay:g}), batch {batch_size}, "
-          f"{epochs} epochs, cosine with {warmup:.0%} warmup, dropout {dropout:g}, max length {max_len}, "
-          f"last-epoch dev score, median of {seeds} seed(s), device {device}; text cleaning {clean} ({clean_source})")
+    clean, clean_source = text_cleaning(checkpoint, given["clean"])
+    # the protocol as run (and recorded in results.json), in this order
+    protocol = {k: given[k] for k in ("epochs", "lr", "batch_size", "warmup", "dropout",
+                                      "weight_decay")}
+    protocol.update(max_len=max_len, seeds=given["seeds"], eval_batch_size=given["eval_batch_size"],
+                    max_train_examples=given["max_train_examples"], clean=clean)
+    # what run_task and finetune need besides the protocol; not recorded
+    settings = {**protocol, "pad_id": ids["pad"], "predict_test": bool(out), "device": device,
+                "progress": given["progress"]}
+    print(f"protocol: AdamW lr {protocol['lr']:g} (betas 0.9/0.98, eps 1e-6, "
+          f"wd {protocol['weight_decay']:g}), batch {protocol['batch_size']}, "
+          f"{protocol['epochs']} epochs, cosine with {protocol['warmup']:.0%} warmup, "
+          f"dropout {protocol['dropout']:g}, max length {max_len}, last-epoch dev score, "
+          f"median of {protocol['seeds']} seed(s), device {device}; "
+          f"text cleaning {clean} ({clean_source})")
     net_io = (trunk, enc, ids, lambda t: data.clean_text(t, **clean)[0], device)
 
     results = {"checkpoint": checkpoint, "glue_dir": glue_dir, "units": "percent",
-               "settings": {k: v for k, v in settings.items() if k not in ("pad_id",
-                                                                           "predict_test")},
-                                                                           "tasks": {},
-               "submission_files": []}
+               "settings": protocol, "tasks": {}, "submission_files": []}
     missing = {}  # submission name -> why it was not written
     jobs = [(name, TASKS[name], lambda name=name: load_task(name, glue_dir)) for name in tasks]
     if task_file:
-        name, spec, task_data = load_task_file(task_file, task_dev_file, task_type)
+        name, spec, task_data = load_task_file(task_file, given["task_dev_file"],
+                                               given["task_type"])
         jobs.append((name, spec, lambda: task_data))
     for name, spec, load in jobs:
         task_data = load()  # one task at a time in memory: QQP and MNLI are large
-        results["tasks"][name], test_preds = run_task(name, spec, task_data, net_io, settings,
-                                                      progress)
+        results["tasks"][name], test_preds = run_task(name, spec, task_data, net_io, settings)
         missing.update({sub: why for sub, why in task_data["missing_test"]})
         for sub, preds in test_preds.items():  # empty unless out is set
             os.makedirs(os.path.join(out, "submission"), exist_ok=True)
             write_submission(os.path.join(out, "submission", f"{sub}.tsv"),
-                             task_data["test"][sub]["index"], preds,
-                             spec["classes"])
+                             task_data["test"][sub]["index"], preds, spec["classes"])
             results["submission_files"].append(f"{sub}.tsv")
+    return report(results, missing, out, given["include_wnli"])
 
-    numbers = {sub: results["tasks"][t]["metrics"][key] for t,
-               spec in TASKS.items() if t in results["tasks"]
-               and (t != "WNLI" or include_wnli) for sub, key in spec["score"].items()}
+
+def report(results, missing, out, include_wnli):
+    """Add the GLUE score and the missing submission files to results, print the table and write
+    out/results.json and out/results.md when out is set. Returns results."""
+    numbers = {sub: results["tasks"][t]["metrics"][key]
+               for t, spec in TASKS.items() if t in results["tasks"] and (t != "WNLI" or include_wnli)
+               for sub, key in spec["score"].items()}
     score, convention = glue_score(numbers, include_wnli)
     results.update(glue_score=score, glue_convention=convention, glue_numbers=numbers)
     # a --task-file run alone makes no leaderboard files
@@ -729,7 +769,8 @@ def evaluate(checkpoint, glue_dir="glue_data", tasks=None, seeds=5, out=None, ep
         os.makedirs(out, exist_ok=True)
         write_text(os.path.join(out, "results.json"), json.dumps(results, indent=2) + "\n")
         write_text(os.path.join(out, "results.md"), table)
-        print(f"wrote {out}/results.json, {out}/results.md and {len(results['submission_files'])} submission file(s)")
+        print(f"wrote {out}/results.json, {out}/results.md and "
+              f"{len(results['submission_files'])} submission file(s)")
     return results
 
 
@@ -836,14 +877,12 @@ def main(argv=None):
                 return None
         if not args.checkpoint:
             raise ValueError("--checkpoint is required (a pretrained run folder), unless --download alone is used")
-        return evaluate(args.checkpoint, args.glue_dir, tasks=tasks, seeds=args.seeds, out=args.out,
-                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, warmup=args.warmup,
-                        dropout=args.dropout, weight_decay=args.weight_decay, max_len=args.max_len,
-                        eval_batch_size=args.eval_batch_size,
-                        max_train_examples=args.max_train_examples if args.max_train_examples > 0 else None,
-                        include_wnli=args.include_wnli, device=args.device, task_file=args.task_file,
-                        task_dev_file=args.task_dev_file, task_type=args.task_type, clean=clean,
-                        progress=not args.no_progress)
+        # the flags by DEFAULTS' names (-1, "all rows", becomes None)
+        settings = {k: getattr(args, k) for k in DEFAULTS if hasattr(args, k)}
+        settings.update(max_train_examples=args.max_train_examples
+                        if args.max_train_examples > 0 else None,
+                        clean=clean, progress=not args.no_progress)
+        return evaluate(args.checkpoint, tasks, settings)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 

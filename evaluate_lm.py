@@ -322,12 +322,25 @@ def evaluate_harness(checkpoint, tasks, include_path=None, limit=None, device=No
 # The whole evaluation
 
 
-def evaluate(checkpoint, task_files=(), tasks=(), held_out=None, out=None, n_items=500, seed=0,
-             device=None,
-             progress=True):
+# Settings of evaluate() besides what to score; pass a dict with the keys to change
+DEFAULTS = {
+    "held_out": None,  # prepared data folder whose validation documents the built-in tasks come from
+    "out": None,       # folder for results.json and results.md; None: return the results only
+    "n_items": 500,    # items per built-in task: ~2 points of standard error on a 50% accuracy
+    "seed": 0,         # picks the built-in tasks' documents, so two checkpoints see the same items
+    "device": None,    # None: the GPU if there is one, else the CPU
+    "progress": True,  # a progress bar per task
+}
+
+
+def evaluate(checkpoint, task_files=(), tasks=(), settings=None):
     """Zero-shot scores of `checkpoint` (a folder with config.json, model.pt, tokenizer.json) on
     every task file and built-in task. Returns {"checkpoint", "scoring", "tasks": {name: {"kind",
-    "n", "metrics"}}}; with out, also writes out/results.json and out/results.md."""
+    "n", "metrics"}}}; with out, also writes out/results.json and out/results.md. settings: the keys
+    of DEFAULTS to change."""
+    settings = {**DEFAULTS, **(settings or {})}
+    held_out, out, device = settings["held_out"], settings["out"], settings["device"]
+    n_items, seed, progress = settings["n_items"], settings["seed"], settings["progress"]
     if not task_files and not tasks:
         raise ValueError("nothing to evaluate: give --task-file FILE and/or --task cloze|last-word")
     unknown = [t for t in tasks if t not in BUILT_IN]
@@ -421,9 +434,9 @@ def main(argv=None):
                                   lambda f: f.write(json.dumps(results, indent=2).encode()))
             if not (args.task_file or args.task):
                 return results
-        return evaluate(args.checkpoint, args.task_file, args.task, args.held_out, args.out,
-                        args.items, args.seed,
-                        args.device, not args.no_progress)
+        return evaluate(args.checkpoint, args.task_file, args.task, {
+            "held_out": args.held_out, "out": args.out, "n_items": args.items, "seed": args.seed,
+            "device": args.device, "progress": not args.no_progress})
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 

@@ -474,8 +474,15 @@ def fit_isoflop(points, tol=0.25):
 # -----------------------------------------------------------------------------
 # Planning: a concrete shape for a target N, and the train.py command for it
 
-def suggest_shape(n_target, preset="base", count="non_embedding", aspect=64, head_dim=64,
-                  multiple_of=128, **overrides):
+# The shape rules of suggest_shape; pass a dict with the keys to change
+SHAPE = {
+    "aspect": 64,        # preferred d_model / n_layers, as BERT-base (768/12) and GPT-2 small
+    "head_dim": 64,      # BERT's and GPT-2's head size; heads follow the width
+    "multiple_of": 128,  # d_model and ffn_dim step: GPU matmul tiles (BigScience: hidden % 128 == 0)
+}
+
+
+def suggest_shape(n_target, preset="base", count="non_embedding", rules=None, **overrides):
     """The model.py config (preset + overrides) whose parameter count is closest to n_target, with
     d_model a multiple of 128 (GPU tiles; BigScience required hidden % 128 == 0), heads of 64, the
     preset's ffn_dim / d_model ratio (rounded to a multiple of 128) and the vocabulary padded to a
@@ -485,7 +492,10 @@ def suggest_shape(n_target, preset="base", count="non_embedding", aspect=64, hea
     0.05 |ln(ratio / aspect)| (a ratio 2x off costs as much as 3.5% in N), plus the distance of
     ln(ratio) outside [aspect/4, 4 aspect], so tiny targets (where the vocabulary dominates N) stay
     sane shapes. count: "non_embedding" or "total", the convention of the constants that produced
-    n_target."""
+    n_target. rules: the keys of SHAPE to change."""
+    rules = {**SHAPE, **(rules or {})}
+    aspect, head_dim, multiple_of = rules["aspect"], rules["head_dim"], rules["multiple_of"]
+    # imported here so that the fits above run with numpy alone (no torch)
     import model
     if not n_target > 0:
         raise ValueError(f"target parameter count must be positive, got {n_target!r}")
@@ -515,21 +525,21 @@ def suggest_shape(n_target, preset="base", count="non_embedding", aspect=64, hea
             break
     cfg = best[1]
     acct = model_accounting(cfg)
-    return {"preset": preset, **{k: cfg[k] for k in ("n_layers", "d_model", "n_heads", "ffn_dim",
-                                                     "vocab_size",
-                                                     "max_seq_len", "objective")},
+    keys = ("n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size", "max_seq_len", "objective")
+    return {"preset": preset, **{k: cfg[k] for k in keys},
             "aspect_ratio": cfg["d_model"] / cfg["n_layers"], "count": count,
             "N": acct["params_total"] if count == "total" else acct["params"], **acct,
             "config": cfg}
 
 
-def train_command(shape, hours=None, max_tokens=None, out=None, data=None, seq_len=None,
-                  objective=None):
+def train_command(shape, run=None):
     """The train.py command line for a suggested shape: --model preset plus the shape overrides (and
-    budget)."""
-    flags = [("model", shape["preset"]), ("n-layers", shape["n_layers"]), ("d-model",
-                                                                           shape["d_model"]),
-             ("n-heads", shape["n_heads"]), ("ffn-dim", shape["ffn_dim"]), ("objective", objective),
+    budget). run: any of hours, max_tokens, out, data, seq_len, objective (unset ones are left out)."""
+    run = run or {}
+    hours, max_tokens, objective = run.get("hours"), run.get("max_tokens"), run.get("objective")
+    seq_len, data, out = run.get("seq_len"), run.get("data"), run.get("out")
+    flags = [("model", shape["preset"]), ("n-layers", shape["n_layers"]),
+             ("d-model", shape["d_model"]), ("n-heads", shape["n_heads"]), ("ffn-dim", shape["ffn_dim"]), ("objective", objective),
              ("max-seq-len", seq_len), ("data", data), ("hours", hours and f"{hours:.4g}"),
              ("max-tokens", max_tokens and int(max_tokens)), ("out", out)]
     return " ".join(["python train.py"] + [f"--{k} {v}" for k, v in flags if v])
@@ -556,12 +566,33 @@ def load_constants(fit_path=None, constants="epoch"):
             "source": f"own fit {fit_path} ({fit.get('n_points', '?')} points)"}
 
 
-def plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, preset="base", out=None, data=None,
-         seq_len=None, objective=None):
+# What plan and sweep_plan assume besides hours and GPU; pass a dict with the keys to change
+PLAN = {
+    "n_gpus": 1,         # data-parallel GPUs: C grows linearly with them
+    "mfu": 0.4,          # model FLOPs utilization; 40% is typical of a tuned bf16 run (PaLM: 46%)
+    "params": None,      # law constants (load_constants); None: the published "epoch" set
+    "preset": "base",    # model.py preset whose options (and ffn_dim / d_model) the shapes keep
+    "out": None,         # plan's --out; None: runs/plan_LxD
+    "data": None,        # --data for the commands
+    "seq_len": None,     # --max-seq-len for the shapes and commands
+    "objective": None,   # --objective (mlm | clm) for the shapes and commands
+    # sweep_plan only (Hoffmann et al. 2022, Approach 2: IsoFLOP profiles)
+    "budgets": 3,        # compute levels
+    "sizes": 5,          # model sizes per level: enough points for a parabola's minimum
+    "ratio": 3.0,        # compute ratio between levels
+    "spread": 3.0,       # sizes from N*/spread to N*·spread
+    "out_dir": "runs/sweep",
+}
+
+
+def plan(hours, gpu, options=None):
     """Budget -> C -> compute-optimal N*, D* -> nearest shape -> tokens that shape gets in the
     budget at its real FLOPs per token (6N plus attention and the output layer, so usually a little
-    fewer than D*) -> command."""
-    params = params or load_constants()
+    fewer than D*) -> command. options: the keys of PLAN to change."""
+    o = {**PLAN, **(options or {})}
+    n_gpus, mfu, preset, out = o["n_gpus"], o["mfu"], o["preset"], o["out"]
+    seq_len, objective = o["seq_len"], o["objective"]
+    params = o["params"] or load_constants()
     C = budget_flops(hours, gpu, n_gpus, mfu)
     opt = compute_optimal(C, params)
     overrides = {k: v for k, v in (("max_seq_len", seq_len), ("objective", objective)) if v}
@@ -577,19 +608,24 @@ def plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, preset="base", out=None, da
                                                       v in shape.items() if k != "config"},
             "tokens": tok["tokens"], "tokens_per_sec": tok["tokens_per_sec"],
             "loss_shape": float(predict_loss(shape["N"], tok["tokens"], params)),
-            "command": train_command(shape, hours, tok["tokens"], out, data, seq_len, objective)}
+            "command": train_command(shape, {"hours": hours, "max_tokens": tok["tokens"], "out": out,
+                                             "data": o["data"], "seq_len": seq_len,
+                                             "objective": objective})}
 
 
-def sweep_plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, budgets=3, sizes=5, ratio=3.0,
-               spread=3.0,
-               preset="base", data=None, seq_len=None, objective=None, out_dir="runs/sweep"):
+def sweep_plan(hours, gpu, options=None):
     """A small IsoFLOP sweep (Hoffmann et al. Approach 2; nanochat's runs/scaling_laws.sh) that
     spends `hours` in total: `budgets` compute levels `ratio` apart, at each `sizes` shapes from
     N*/spread to N*·spread around the current constants' optimum (so D/N spans about spread^4 and
     the loss curve has a visible minimum). Every run gets its own horizon (--max-tokens), so its
     schedule ends where its point is measured; its --hours is a safety cap at 1.5x the estimate
-    (train.py stops at whichever comes first, its schedules follow the nearer one)."""
-    params = params or load_constants()
+    (train.py stops at whichever comes first, its schedules follow the nearer one). options: the
+    keys of PLAN to change."""
+    o = {**PLAN, **(options or {})}
+    n_gpus, mfu, preset, seq_len, objective = (o["n_gpus"], o["mfu"], o["preset"], o["seq_len"],
+                                               o["objective"])
+    budgets, sizes, ratio, spread = o["budgets"], o["sizes"], o["ratio"], o["spread"]
+    params = o["params"] or load_constants()
     if budgets < 1 or sizes < 1 or ratio <= 1 or spread < 1:
         raise ValueError("need budgets >= 1, sizes >= 1, ratio > 1 and spread >= 1")
     C_total = budget_flops(hours, gpu, n_gpus, mfu)
@@ -608,12 +644,13 @@ def sweep_plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, budgets=3, sizes=5, r
                 continue
             seen.add((shape["n_layers"], shape["d_model"]))
             tokens = C / shape["flops_per_token"]
-            out = f"{out_dir}/C{C:.2g}_L{shape['n_layers']}_d{shape['d_model']}".replace("+", "")
+            out = f"{o['out_dir']}/C{C:.2g}_L{shape['n_layers']}_d{shape['d_model']}".replace("+", "")
             hours_run = C / per_sec / 3600.0
             runs.append({"C": C, "N": shape["N"], "D": tokens, "hours": hours_run,
                          "shape": {k: v for k, v in shape.items() if k != "config"},
-                         "command": train_command(shape, 1.5 * hours_run, tokens, out, data,
-                                                  seq_len, objective)})
+                         "command": train_command(shape, {
+                             "hours": 1.5 * hours_run, "max_tokens": tokens, "out": out,
+                             "data": o["data"], "seq_len": seq_len, "objective": objective})})
     return {"C_total": C_total, "hours_total": sum(r["hours"] for r in runs),
             "constants": params.get("name"),
             "runs": runs}
@@ -758,9 +795,10 @@ def _si(x):
 
 
 def cmd_plan(args):
-    p = plan(args.hours, args.gpu, args.gpus, args.mfu, load_constants(args.fit, args.constants),
-             args.model,
-             args.out, args.data, args.max_seq_len, args.objective)
+    p = plan(args.hours, args.gpu, {
+        "n_gpus": args.gpus, "mfu": args.mfu, "params": load_constants(args.fit, args.constants),
+        "preset": args.model, "out": args.out, "data": args.data, "seq_len": args.max_seq_len,
+        "objective": args.objective})
     s = p["shape"]
     print(f"budget: {p['hours']:g} h x {p['n_gpus']} {p['gpu']} ({p['peak_flops'] / 1e12:g} TFLOP/s bf16 peak) "
           f"at {p['mfu']:.0%} MFU -> C = {p['C']:.3g} FLOPs")
@@ -785,10 +823,11 @@ def cmd_plan(args):
 
 def cmd_sweep(args):
     params = load_constants(args.fit, args.constants)
-    s = sweep_plan(args.hours, args.gpu, args.gpus, args.mfu, params, args.budgets, args.sizes,
-                   args.ratio,
-                   args.spread, args.model, args.data, args.max_seq_len, args.objective,
-                   args.out_dir)
+    s = sweep_plan(args.hours, args.gpu, {
+        "n_gpus": args.gpus, "mfu": args.mfu, "params": params, "budgets": args.budgets,
+        "sizes": args.sizes, "ratio": args.ratio, "spread": args.spread, "preset": args.model,
+        "data": args.data, "seq_len": args.max_seq_len, "objective": args.objective,
+        "out_dir": args.out_dir})
     print(f"IsoFLOP sweep: {len(s['runs'])} runs, {s['C_total']:.3g} FLOPs in {s['hours_total']:.3g} h "
           f"({args.gpus} {args.gpu} at {args.mfu:.0%} MFU); sizes centred on N* from constants {s['constants']}")
     print(f"{'C (FLOPs)':>10} {'N':>7} {'D':>7} {'D/N':>6} {'hours':>6}  shape")

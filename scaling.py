@@ -569,7 +569,7 @@ def load_constants(fit_path=None, constants="epoch"):
 # What plan and sweep_plan assume besides hours and GPU; pass a dict with the keys to change
 PLAN = {
     "n_gpus": 1,         # data-parallel GPUs: C grows linearly with them
-    "mfu": 0.4,          # model FLOPs utilization; 40% is typical of a tuned bf16 run (PaLM: 46%)
+    "mfu": 0.4,          # model FLOPs utilization: a safe guess (nanochat reaches ~51% on H100s)
     "params": None,      # law constants (load_constants); None: the published "epoch" set
     "preset": "base",    # model.py preset whose options (and ffn_dim / d_model) the shapes keep
     "out": None,         # plan's --out; None: runs/plan_LxD

@@ -97,7 +97,8 @@ def check_tasks(tasks):
     by_key = {task_key(t): t for t in TASKS}
     unknown = [t for t in tasks if task_key(t) not in by_key]
     if unknown:
-        raise ValueError(f"unknown task(s) {unknown}; choose from {','.join(TASKS)} (or cola, sst2, stsb, ...)")
+        raise ValueError(f"unknown task(s) {unknown}; choose from {','.join(TASKS)} (or cola, "
+                         "sst2, stsb, ...)")
     return [by_key[task_key(t)] for t in tasks]
 
 # -----------------------------------------------------------------------------
@@ -120,7 +121,8 @@ def read_tsv(path, names=None):
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}, line {line}: invalid UTF-8 (byte 0x{raw[e.start]:02x})") from None
+        raise ValueError(f"{path}, line {line}: invalid UTF-8 (byte "
+                         f"0x{raw[e.start]:02x})") from None
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
     header = list(names) if names else next(reader, None)
     if not header:
@@ -136,7 +138,8 @@ def read_tsv(path, names=None):
 
 def no_rows(path, skipped):
     """The error for a file with nothing to train or score on (no score from no data)."""
-    return f"{path}: no usable rows" + (f" ({skipped} malformed row(s) skipped: their field count differs from "
+    return f"{path}: no usable rows" + (f" ({skipped} malformed row(s) skipped: their field count "
+                                        "differs from "
                                          "the header's)" if skipped else "")
 
 
@@ -175,7 +178,8 @@ def parse_labels(raw, classes, path):
             out.append(value)
         except (KeyError, ValueError):
             expected = "a finite number" if classes is None else f"one of {classes}"
-            raise ValueError(f"{path}, line {line}: unknown label {x!r}; expected {expected}") from None
+            raise ValueError(f"{path}, line {line}: unknown label {x!r}; expected "
+                             f"{expected}") from None
     return np.array(out, dtype=np.float32 if classes is None else np.int64)
 
 
@@ -184,7 +188,8 @@ def load_task(name, glue_dir, spec=None):
     spec = spec or TASKS[name]
     folder = os.path.join(glue_dir, name)
     if not os.path.isdir(folder):
-        raise ValueError(f"{folder}: task folder for {name} not found (use --download, or point --glue-dir "
+        raise ValueError(f"{folder}: task folder for {name} not found (use --download, or point "
+                         "--glue-dir "
                          f"at the folder that holds CoLA/, SST-2/, ...)")
     task = {"train": parse_split(spec, os.path.join(folder, "train.tsv"), True),
             "dev": {k: parse_split(spec, os.path.join(folder, f), True) for k,
@@ -212,7 +217,8 @@ def load_task_file(path, dev_path=None, task_type="auto"):
     col_b = "sentence2" if "sentence2" in header else None
     for c in (col_a, "label"):
         if c not in header:
-            raise ValueError(f"{path}: missing column {c!r} (need `sentence` or `sentence1`[, `sentence2`], `label`)")
+            raise ValueError(f"{path}: missing column {c!r} (need `sentence` or `sentence1`[, "
+                             "`sentence2`], `label`)")
     raw = [r["label"] for r in rows]
     if task_type == "auto":
         try:
@@ -233,7 +239,8 @@ def load_task_file(path, dev_path=None, task_type="auto"):
         perm = np.random.default_rng(0).permutation(len(train["a"]))
         n_dev = max(1, len(perm) // 10)
         if len(perm) - n_dev < 2:
-            raise ValueError(f"{path}: {len(perm)} row(s) leave no training rows after holding out 10% for dev; "
+            raise ValueError(f"{path}: {len(perm)} row(s) leave no training rows after holding out "
+                             "10% for dev; "
                              "add rows or give --task-dev-file")
         dev, train = subset(train, np.sort(perm[:n_dev])), subset(train, np.sort(perm[n_dev:]))
     name = os.path.splitext(os.path.basename(path))[0]
@@ -336,7 +343,8 @@ def glue_score(numbers, include_wnli=False):
         return None, "no GLUE task was evaluated"
     score = float(np.mean([numbers[k] for k in used]))
     wnli = "WNLI accuracy included" if include_wnli else "WNLI excluded"
-    convention = (f"cramming convention: mean of {len(full)} numbers, MNLI-m and -mm separate, MRPC/QQP F1, "
+    convention = (f"cramming convention: mean of {len(full)} numbers, MNLI-m and -mm separate, "
+                  "MRPC/QQP F1, "
                   f"STS-B Pearson, CoLA MCC, others accuracy, {wnli}")
     if len(used) < len(full):
         missing = [k for k in full if k not in numbers]
@@ -435,7 +443,8 @@ def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries
         else:
             # never delete a user's folder to make room
             if os.path.isdir(os.path.join(glue_dir, task)):
-                raise ValueError(f"{os.path.join(glue_dir, task)}: exists without train.tsv; remove it and retry")
+                raise ValueError(f"{os.path.join(glue_dir, task)}: exists without train.tsv; "
+                                 "remove it and retry")
             zip_path = get(base_url + ZIPS[task], os.path.join(glue_dir, ZIPS[task]))
             extract_task_zip(zip_path, glue_dir, task)
             os.remove(zip_path)
@@ -613,7 +622,8 @@ def run_task(name, spec, task_data, net_io, settings):
         train = subset(train, np.sort(np.random.default_rng(0).choice(len(train["a"]), cap,
                                                                       replace=False)))
     if spec["classes"] and len(train["a"]) < len(spec["classes"]):
-        raise ValueError(f"{name}: {len(train['a'])} training row(s) for {len(spec['classes'])} classes")
+        raise ValueError(f"{name}: {len(train['a'])} training row(s) for {len(spec['classes'])} "
+                         "classes")
     enc_train = encode_split(enc, train, ids, max_len, clean)
     enc_dev = {k: encode_split(enc, s, ids, max_len, clean) for k, s in task_data["dev"].items()}
     enc_test = {k: encode_split(enc, s, ids, max_len, clean) for k, s in task_data["test"].items()
@@ -632,8 +642,10 @@ def run_task(name, spec, task_data, net_io, settings):
         metrics = task_metrics(spec, preds["dev"], task_data)
         undefined = [k for k, v in metrics.items() if math.isnan(v)]
         if undefined:
-            raise ValueError(f"{name}, seed {seed}: {', '.join(undefined)} undefined on dev: every prediction is the "
-                             "same (the fine-tuned model collapsed; try another --lr or more --epochs)")
+            raise ValueError(f"{name}, seed {seed}: {', '.join(undefined)} undefined on dev: every "
+                             "prediction is the "
+                             "same (the fine-tuned model collapsed; try another --lr or more "
+                             "--epochs)")
         runs.append({"seed": seed, "metrics": metrics, "test": preds["test"]})
         del net
     metrics = {k: float(np.median([r["metrics"][k] for r in runs])) for k in runs[0]["metrics"]}
@@ -778,8 +790,10 @@ def markdown_table(results):
     """One row per reported number: median over seeds, then each seed's value."""
     s = results["settings"]
     lines = [f"# GLUE dev results for `{results['checkpoint']}`", "",
-             f"lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']} epochs, cosine with {s['warmup']:.0%} warmup, "
-             f"dropout {s['dropout']:g}, max length {s['max_len']}; median of {s['seeds']} seed(s); percent.", "",
+             f"lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']} epochs, cosine with "
+             f"{s['warmup']:.0%} warmup, "
+             f"dropout {s['dropout']:g}, max length {s['max_len']}; median of {s['seeds']} "
+             "seed(s); percent.", "",
              "| task | metric | median | per seed |", "|---|---|---:|---|"]
     for name, r in results["tasks"].items():
         in_score = {key for sub,
@@ -834,7 +848,8 @@ def main(argv=None):
     p.add_argument("--task-dev-file", default=None,
                    help="dev TSV for --task-file (default: hold out 10%% of rows)")
     p.add_argument("--task-type", default="auto", choices=("auto", "classification", "regression"),
-                   help="label type of --task-file (auto: regression iff some label is a non-integer number)")
+                   help="label type of --task-file (auto: regression iff some label is a "
+                        "non-integer number)")
     # Protocol (defaults: cramming GLUE-sane)
     p.add_argument("--seeds", type=int, default=5,
                    help="fine-tuning runs per task; the median is reported")
@@ -848,22 +863,33 @@ def main(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--max-len", type=int, default=128,
                    help="max tokens per input including [CLS]/[SEP]")
-    p.add_argument("--lowercase", action="store_true", default=None, help="lowercase GLUE text (default: as the "
-                   "checkpoint's meta.json records, else no); set it if the pretraining corpus was lowercased")
-    p.add_argument("--strip-accents", action="store_true", default=None, help="strip accents (default: as recorded)")
-    p.add_argument("--include-wnli", action="store_true", help="count WNLI accuracy in the GLUE score (cramming: no)")
+    p.add_argument("--lowercase", action="store_true", default=None, help="lowercase GLUE text "
+                                                                          "(default: as the "
+                   "checkpoint's meta.json records, else no); set it if the pretraining corpus was "
+                   "lowercased")
+    p.add_argument("--strip-accents", action="store_true", default=None, help="strip accents "
+                                                                              "(default: as "
+                                                                              "recorded)")
+    p.add_argument("--include-wnli", action="store_true", help="count WNLI accuracy in the GLUE "
+                                                               "score (cramming: no)")
     # Speed
-    p.add_argument("--eval-batch-size", type=int, default=128, help="sequences per evaluation batch")
-    p.add_argument("--max-train-examples", type=int, default=-1, help="train on a fixed random subset (-1 = all)")
+    p.add_argument("--eval-batch-size", type=int, default=128, help="sequences per evaluation "
+                                                                    "batch")
+    p.add_argument("--max-train-examples", type=int, default=-1, help="train on a fixed random "
+                                                                      "subset (-1 = all)")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     # Download
-    p.add_argument("--download", action="store_true", help="fetch the missing task folders into --glue-dir first")
-    p.add_argument("--download-url", default=GLUE_URL, help="base URL of the GLUE zips, AX.tsv and mrpc_dev_ids.tsv")
-    p.add_argument("--mrpc-url", default=MRPC_URL, help="base URL of SentEval's msr_paraphrase_{train,test}.txt")
+    p.add_argument("--download", action="store_true", help="fetch the missing task folders into "
+                                                           "--glue-dir first")
+    p.add_argument("--download-url", default=GLUE_URL, help="base URL of the GLUE zips, AX.tsv and "
+                                                            "mrpc_dev_ids.tsv")
+    p.add_argument("--mrpc-url", default=MRPC_URL, help="base URL of SentEval's "
+                                                        "msr_paraphrase_{train,test}.txt")
     p.add_argument("--retries", type=int, default=3, help="download attempts per file")
     # Output
-    p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and submission/*.tsv")
+    p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and "
+                                                      "submission/*.tsv")
     args = p.parse_args(argv)
     check_args(p, args)
 
@@ -876,7 +902,8 @@ def main(argv=None):
             if not args.checkpoint:
                 return None
         if not args.checkpoint:
-            raise ValueError("--checkpoint is required (a pretrained run folder), unless --download alone is used")
+            raise ValueError("--checkpoint is required (a pretrained run folder), unless "
+                             "--download alone is used")
         # the flags by DEFAULTS' names (-1, "all rows", becomes None)
         settings = {k: getattr(args, k) for k in DEFAULTS if hasattr(args, k)}
         settings.update(max_train_examples=args.max_train_examples

@@ -68,10 +68,12 @@ def read_task_file(path):
             raise ValueError(f"{where}: expected a JSON object")
         this = "multiple_choice" if "choices" in item else "last_word" if "text" in item else None
         if this is None:
-            raise ValueError(f"{where}: needs \"context\", \"choices\" and \"label\" (multiple choice) or \"text\" "
+            raise ValueError(f"{where}: needs \"context\", \"choices\" and \"label\" (multiple "
+                             "choice) or \"text\" "
                              "(last word)")
         if kind and this != kind:
-            raise ValueError(f"{where}: a {this.replace('_', ' ')} item in a {kind.replace('_', ' ')} file")
+            raise ValueError(f"{where}: a {this.replace('_', ' ')} item in a "
+                             f"{kind.replace('_', ' ')} file")
         kind = this
         items.append(check_item(item, kind, where))
     if not items:
@@ -91,7 +93,8 @@ def check_item(item, kind, where):
                                                                      for c in choices):
         raise ValueError(f"{where}: \"choices\" must be a list of at least two non-empty strings")
     if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(choices):
-        raise ValueError(f"{where}: \"label\" must be an index into choices (0..{len(choices) - 1}), got {label!r}")
+        raise ValueError(f"{where}: \"label\" must be an index into choices "
+                         f"(0..{len(choices) - 1}), got {label!r}")
     return {"context": context, "choices": choices, "label": label}
 
 
@@ -288,7 +291,8 @@ def harness_model_class():
 
         def generate_until(self, requests, disable_tqdm=False):
             if self.net.config["objective"] != "clm":
-                raise ValueError("generate_until needs a causal model; this checkpoint is a masked LM")
+                raise ValueError("generate_until needs a causal model; this checkpoint is a masked "
+                                 "LM")
             out = []
             for r in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
                 context, kwargs = r.args
@@ -310,7 +314,8 @@ def evaluate_harness(checkpoint, tasks, include_path=None, limit=None, device=No
         import lm_eval
         from lm_eval.tasks import TaskManager
     except ImportError:
-        raise ValueError("--harness needs EleutherAI's evaluation harness: pip install lm-eval") from None
+        raise ValueError("--harness needs EleutherAI's evaluation harness: pip install "
+                         "lm-eval") from None
     lm = harness_model_class()(checkpoint, device=device)
     out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit,
                                   task_manager=TaskManager(include_path=include_path) if include_path else None)
@@ -347,7 +352,8 @@ def evaluate(checkpoint, task_files=(), tasks=(), settings=None):
     if unknown:
         raise ValueError(f"unknown built-in task(s) {unknown}; choose from {', '.join(BUILT_IN)}")
     if tasks and not held_out:
-        raise ValueError("built-in tasks need --held-out: a prepared data folder (e.g. cache/sample-<hash>) "
+        raise ValueError("built-in tasks need --held-out: a prepared data folder (e.g. "
+                         "cache/sample-<hash>) "
                          "whose validation documents they are built from")
     jobs = [(os.path.splitext(os.path.basename(p))[0], *read_task_file(p)) for p in task_files]
     docs = held_out_documents(held_out) if tasks else []
@@ -357,7 +363,8 @@ def evaluate(checkpoint, task_files=(), tasks=(), settings=None):
     net = model.load_model(checkpoint, device).eval()
     enc = data.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
     if enc.n_vocab > net.config["vocab_size"]:
-        raise ValueError(f"{checkpoint}: tokenizer has {enc.n_vocab} tokens, the model {net.config['vocab_size']}")
+        raise ValueError(f"{checkpoint}: tokenizer has {enc.n_vocab} tokens, the model "
+                         f"{net.config['vocab_size']}")
     scoring = "log-likelihood" if net.config["objective"] == "clm" else "PLL (pseudo-log-likelihood, masked LM)"
     results = {"checkpoint": checkpoint, "objective": net.config["objective"], "scoring": scoring,
                "units":
@@ -387,7 +394,8 @@ def markdown_table(results):
     for name, r in results["tasks"].items():
         m = r["metrics"]
         cell = lambda k, spec: format(m[k], spec) if k in m else ""  # noqa: E731
-        lines.append(f"| {name} | {r['kind'].replace('_', ' ')} | {r['n']} | {cell('acc', '.2f')} | "
+        lines.append(f"| {name} | {r['kind'].replace('_', ' ')} | {r['n']} | {cell('acc', '.2f')} "
+                     "| "
                      f"{cell('acc_norm', '.2f')} | {cell('perplexity', '.2f')} |")
     return "\n".join(lines) + "\n"
 
@@ -414,7 +422,8 @@ def main(argv=None):
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--harness", default=None,
                    help="comma-separated tasks of EleutherAI's evaluation harness "
-                   "(pip install lm-eval; they download their data), e.g. hellaswag,piqa,lambada_openai")
+                   "(pip install lm-eval; they download their data), e.g. "
+                   "hellaswag,piqa,lambada_openai")
     p.add_argument("--harness-include", default=None,
                    help="folder of extra harness task YAML files (local tasks)")
     p.add_argument("--limit", type=int, default=None,

@@ -134,7 +134,8 @@ def parse_schedule(text, base_cfg):
         try:
             at = float(at_text)
         except ValueError:
-            raise ValueError(f"{where}: expected 'AT:KEY=VALUE,...' with AT a fraction of the budget") from None
+            raise ValueError(f"{where}: expected 'AT:KEY=VALUE,...' with AT a fraction of the "
+                             "budget") from None
         if not sep or not 0.0 <= at < 1.0:
             raise ValueError(f"{where}: expected 'AT:KEY=VALUE,...' with 0 <= AT < 1")
         if n == 0 and at != 0.0:
@@ -150,14 +151,16 @@ def parse_schedule(text, base_cfg):
             elif key in GROWN_KEYS and value.isdigit() and int(value) > 0:
                 values[key] = int(value)
             else:
-                raise ValueError(f"{where}: bad item {item!r}; keys: {', '.join(GROWN_KEYS)} (positive integers)"
+                raise ValueError(f"{where}: bad item {item!r}; keys: {', '.join(GROWN_KEYS)} "
+                                 "(positive integers)"
                                  f" or method ({'|'.join(METHODS)})")
         cfg = dict(prev, **values)
         if "d_model" in values and "n_heads" not in values:
             # heads follow the width at a fixed head size
             head = prev["d_model"] // prev["n_heads"]
             if values["d_model"] % head:
-                raise ValueError(f"{where}: d_model={values['d_model']} is not a multiple of the head size {head}")
+                raise ValueError(f"{where}: d_model={values['d_model']} is not a multiple of the "
+                                 f"head size {head}")
             cfg["n_heads"] = values["d_model"] // head
         try:
             cfg = M.validate_config(cfg)
@@ -168,7 +171,8 @@ def parse_schedule(text, base_cfg):
         stages.append({"at": at, "config": cfg, "method": method or "stack"})
         prev = cfg
     if not stages:
-        raise ValueError("grow schedule: empty; expected e.g. '0:n_layers=4; 0.5:n_layers=8' or a preset name")
+        raise ValueError("grow schedule: empty; expected e.g. '0:n_layers=4; 0.5:n_layers=8' or a "
+                         "preset name")
     return stages
 
 
@@ -177,17 +181,22 @@ def check_growth(old, new, where="grow.py"):
     size kept."""
     for key in old:
         if key not in GROWN_KEYS and old[key] != new[key]:
-            raise ValueError(f"{where}: growth cannot change {key!r} ({old[key]!r} -> {new[key]!r})")
+            raise ValueError(f"{where}: growth cannot change {key!r} ({old[key]!r} -> "
+                             f"{new[key]!r})")
         if key in GROWN_KEYS and new[key] < old[key]:
-            raise ValueError(f"{where}: {key} shrinks from {old[key]} to {new[key]}; growth never shrinks")
+            raise ValueError(f"{where}: {key} shrinks from {old[key]} to {new[key]}; growth never "
+                             "shrinks")
     if old["d_model"] // old["n_heads"] != new["d_model"] // new["n_heads"]:
         raise ValueError(f"{where}: the head size d_model/n_heads must stay "
-                         f"{old['d_model'] // old['n_heads']} (got {new['d_model'] // new['n_heads']}); "
+                         f"{old['d_model'] // old['n_heads']} (got "
+                         f"{new['d_model'] // new['n_heads']}); "
                          "widening heads changes the 1/sqrt(hd) attention scale")
     if old["num_labels"]:
-        raise ValueError(f"{where}: grow the pretrained model before adding a classifier (num_labels must be 0)")
+        raise ValueError(f"{where}: grow the pretrained model before adding a classifier "
+                         "(num_labels must be 0)")
     if new["d_model"] > old["d_model"] and old["norm_position"] != "pre":
-        raise ValueError(f"{where}: hidden-size growth needs norm_position 'pre' (the final norm carries the 1/copies"
+        raise ValueError(f"{where}: hidden-size growth needs norm_position 'pre' (the final norm "
+                         "carries the 1/copies"
                          " scale for the tied decoder)")
 
 
@@ -411,10 +420,12 @@ def grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100):
     old, new_cfg = model.config, M.validate_config(new_cfg)
     check_growth(old, new_cfg)
     if method not in METHODS:
-        raise ValueError(f"grow.py: unknown depth method {method!r}; choose from {', '.join(METHODS)}")
+        raise ValueError(f"grow.py: unknown depth method {method!r}; choose from "
+                         f"{', '.join(METHODS)}")
     deeper = new_cfg["n_layers"] > old["n_layers"]
     if deeper and method == "zero" and old["norm_position"] != "pre":
-        raise ValueError("grow.py: method 'zero' is the identity only for pre-LN blocks (post-LN renormalizes "
+        raise ValueError("grow.py: method 'zero' is the identity only for pre-LN blocks (post-LN "
+                         "renormalizes "
                          "x + 0); use method 'msg' for post-LN")
     specs = dimension_specs(old, new_cfg)
     layers = layer_map(old["n_layers"], new_cfg["n_layers"], method)
@@ -572,7 +583,8 @@ def main(argv=None):
     import sys
     argv = sys.argv[1:] if argv is None else argv
     if not argv or len(argv) > 2:
-        raise SystemExit("usage: python grow.py 'SCHEDULE|compound|gstack' [model preset, default base]\n\n"
+        raise SystemExit("usage: python grow.py 'SCHEDULE|compound|gstack' [model preset, default "
+                         "base]\n\n"
                          + SCHEDULE_HELP)
     try:
         target = M.make_config(argv[1] if len(argv) > 1 else "base")
@@ -581,7 +593,8 @@ def main(argv=None):
         raise SystemExit(f"error: {e}") from None
     for s in plan:
         print(f"at {s['at']:.2f}: {describe(s['config'])}  method {s['method']:<10} "
-              f"params {M.count_params(s['config']) / 1e6:7.2f}M  FLOPs/token {M.flops_per_token(s['config']):.3g}")
+              f"params {M.count_params(s['config']) / 1e6:7.2f}M  FLOPs/token "
+              f"{M.flops_per_token(s['config']):.3g}")
 
 
 if __name__ == "__main__":

@@ -130,7 +130,8 @@ def validate_config(cfg):
         if not isinstance(cfg[key], bool):
             raise ValueError(f"config key {key!r} must be true or false, got {cfg[key]!r}")
     if not isinstance(cfg["num_labels"], int) or cfg["num_labels"] < 0:
-        raise ValueError(f"config key 'num_labels' must be an integer >= 0, got {cfg['num_labels']!r}")
+        raise ValueError("config key 'num_labels' must be an integer >= 0, got "
+                         f"{cfg['num_labels']!r}")
     if not 0.0 <= cfg["dropout"] < 1.0:
         raise ValueError(f"config key 'dropout' must be in [0, 1), got {cfg['dropout']!r}")
     if not 0.0 < cfg["mask_rate"] < 1.0:
@@ -140,9 +141,11 @@ def validate_config(cfg):
             raise ValueError(f"config key {key!r} must be positive, got {cfg[key]!r}")
     # Constraints between keys: whole heads, and rotary rotates pairs of head dimensions.
     if cfg["d_model"] % cfg["n_heads"]:
-        raise ValueError(f"config key 'n_heads' ({cfg['n_heads']}) must divide 'd_model' ({cfg['d_model']})")
+        raise ValueError(f"config key 'n_heads' ({cfg['n_heads']}) must divide 'd_model' "
+                         f"({cfg['d_model']})")
     if cfg["positions"] == "rotary" and (cfg["d_model"] // cfg["n_heads"]) % 2:
-        raise ValueError("config key 'positions': rotary needs an even head size (d_model / n_heads)")
+        raise ValueError("config key 'positions': rotary needs an even head size (d_model / "
+                         "n_heads)")
     return cfg
 
 
@@ -398,7 +401,8 @@ class Transformer(nn.Module):
         # Learned and sinusoidal positions are a table of max_seq_len rows; rotary and ALiBi extend
         # to any T.
         if T > self.config["max_seq_len"] and self.config["positions"] in ("learned", "sinusoidal"):
-            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config['max_seq_len']}")
+            raise ValueError(f"sequence length {T} exceeds max_seq_len "
+                             f"{self.config['max_seq_len']}")
         # Positions 0..T-1 for every row unless given (B, T): one (1, T) row broadcasts over the
         # batch.
         if position_ids is None:
@@ -468,7 +472,8 @@ class Transformer(nn.Module):
         (B, T) -> logits (B, num_labels). num_labels == 1 is regression trained with mean squared
         error."""
         if self.classifier is None:
-            raise ValueError("this model has no classification head; call add_classifier(model, num_labels)")
+            raise ValueError("this model has no classification head; call add_classifier(model, "
+                             "num_labels)")
         # [CLS] is the first token of every input (data.py, evaluate_glue.py); attention lets it see
         # the whole text.
         h = self.encode(input_ids, attention_mask)[:, 0]                  # (B, d)
@@ -639,7 +644,8 @@ def load_model(folder, device="cpu"):
         model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
     # truncated, foreign or from another config: name the file, not a traceback
     except Exception as e:
-        raise ValueError(f"{weights_path}: not loadable as this config's weights ({type(e).__name__}: "
+        raise ValueError(f"{weights_path}: not loadable as this config's weights "
+                         f"({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
     return model.to(device)
 
@@ -654,7 +660,8 @@ def _ready(net, enc, objective, hint):
     if net.config["objective"] != objective:
         raise ValueError(f"{hint}; this model's objective is {net.config['objective']!r}")
     if enc.n_vocab > net.config["vocab_size"]:
-        raise ValueError(f"tokenizer has {enc.n_vocab} tokens, the model only {net.config['vocab_size']}: "
+        raise ValueError(f"tokenizer has {enc.n_vocab} tokens, the model only "
+                         f"{net.config['vocab_size']}: "
                          f"not the tokenizer it was trained with")
     # Ordinary (byte/merge) ids come first, specials after them (data.n_ordinary): scoring only ids
     # below this leaves out [CLS] [SEP] [MASK] ..., the reserved ids and the padding rows of the
@@ -683,7 +690,8 @@ def fill_mask(net, enc, text, top_k=5):
         ids += enc.encode_ordinary(piece.removesuffix(" ")) + [special["[MASK]"]]
     ids += enc.encode_ordinary(last) + [special["[SEP]"]]
     if len(ids) > net.config["max_seq_len"]:
-        raise ValueError(f"text is {len(ids)} tokens with [CLS] and [SEP]; the model reads {net.config['max_seq_len']}")
+        raise ValueError(f"text is {len(ids)} tokens with [CLS] and [SEP]; the model reads "
+                         f"{net.config['max_seq_len']}")
     device = net.tok_emb.weight.device
     input_ids = torch.tensor([ids], device=device)                                       # (1, T)
     # The same sparse prediction as in training: only the k [MASK] positions go through the output
@@ -756,9 +764,11 @@ def main(argv=None):
     import argparse
     # here, not at the top: the model itself needs no tokenizer (and data.py's dependencies)
     import data
-    p = argparse.ArgumentParser(description="Fill in [MASK]s (masked LM) or continue a prompt (causal LM).")
+    p = argparse.ArgumentParser(description="Fill in [MASK]s (masked LM) or continue a prompt "
+                                            "(causal LM).")
     p.add_argument("checkpoint",
-                   help="folder with config.json, model.pt and tokenizer.json (train.py's out/final)")
+                   help="folder with config.json, model.pt and tokenizer.json (train.py's "
+                        "out/final)")
     p.add_argument("text", help="text with one or more [MASK] (masked LM) or a prompt (causal LM)")
     p.add_argument("--top-k", type=int, default=5,
                    help="guesses per mask; causal LM: sample among the k most "

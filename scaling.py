@@ -81,7 +81,8 @@ def peak_flops(gpu):
         if any("".join(words[i:j]) == key.replace("-", "") for i in range(len(words))
                for j in range(i + 1, min(i + 3, len(words)) + 1)):
             return GPU_PEAK_FLOPS[key]
-    raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_PEAK_FLOPS)}, or give its peak in FLOP/s (>= 1e9)")
+    raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_PEAK_FLOPS)}, or give its peak "
+                     "in FLOP/s (>= 1e9)")
 
 
 def budget_flops(hours, gpu, n_gpus=1, mfu=0.4):
@@ -90,7 +91,8 @@ def budget_flops(hours, gpu, n_gpus=1, mfu=0.4):
     if not (hours > 0 and math.isfinite(hours)):
         raise ValueError(f"hours must be positive, got {hours!r}")
     if not (isinstance(n_gpus, int) and n_gpus >= 1) or not 0 < mfu <= 1:
-        raise ValueError(f"need an integer n_gpus >= 1 and mfu in (0, 1], got n_gpus={n_gpus!r}, mfu={mfu!r}")
+        raise ValueError(f"need an integer n_gpus >= 1 and mfu in (0, 1], got n_gpus={n_gpus!r}, "
+                         f"mfu={mfu!r}")
     return hours * 3600.0 * n_gpus * peak_flops(gpu) * mfu
 
 
@@ -129,8 +131,10 @@ PUBLISHED = {
                  "N_counts": "total",
                  "source": "Hoffmann et al. 2022 (Chinchilla), Approach 3"},
 }
-CAVEAT = ("published constants were fitted on decoder LMs trained on MassiveText (N = all parameters); "
-          "for BERT MLM on our data they only suggest an allocation: run `scaling.py sweep` and `fit` for your own")
+CAVEAT = ("published constants were fitted on decoder LMs trained on MassiveText (N = all "
+          "parameters); "
+          "for BERT MLM on our data they only suggest an allocation: run `scaling.py sweep` and "
+          "`fit` for your own")
 
 
 def predict_loss(N, D, params):
@@ -290,17 +294,20 @@ def _check_points(points, n_params, what):
     """Points (list of dicts) -> canonical order and arrays; ValueError naming the problem. Sorting
     makes the fit independent of input order to the last bit."""
     if len(points) < n_params:
-        raise ValueError(f"{what}: need at least {n_params} points (one per parameter), got {len(points)}")
+        raise ValueError(f"{what}: need at least {n_params} points (one per parameter), got "
+                         f"{len(points)}")
     for i, p in enumerate(points):
         for key in ("N", "D", "loss"):
             v = p.get(key) if isinstance(p, dict) else None
             if v is None or not isinstance(v, (int, float,
                                                np.number)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{what}: point {i} needs a positive finite {key!r}, got {v!r} in {p!r}")
+                raise ValueError(f"{what}: point {i} needs a positive finite {key!r}, got {v!r} in "
+                                 f"{p!r}")
     pts = sorted(points, key=lambda p: (p["N"], p["D"], p["loss"], str(p.get("run_id", ""))))
     N, D, L = (np.array([p[k] for p in pts], float) for k in ("N", "D", "loss"))
     if np.unique(N).size < 2 or np.unique(D).size < 2:
-        raise ValueError(f"{what}: need at least 2 distinct model sizes N and 2 distinct token counts D")
+        raise ValueError(f"{what}: need at least 2 distinct model sizes N and 2 distinct token "
+                         "counts D")
     return pts, N, D, L
 
 
@@ -394,7 +401,8 @@ def fit_power_law(x, y, delta=1e-3):
     variable-projection starts."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     if x.size < 3 or x.shape != y.shape:
-        raise ValueError(f"fit_power_law: need at least 3 (x, y) pairs of equal length, got {x.size} and {y.size}")
+        raise ValueError("fit_power_law: need at least 3 (x, y) pairs of equal length, got "
+                         f"{x.size} and {y.size}")
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and np.all(x > 0) and np.all(y > 0)):
         raise ValueError("fit_power_law: x and y must be positive and finite")
     x_ref = np.log(x).mean()
@@ -669,7 +677,8 @@ def _read_run(path):
         with open(summary) as f, open(log) as g:
             info, lines = json.load(f), g.read().splitlines()
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{folder}: needs a readable summary.json (for N) and log.jsonl ({e})") from None
+        raise ValueError(f"{folder}: needs a readable summary.json (for N) and log.jsonl "
+                         f"({e})") from None
     N, fpt = info.get("params"), info.get("flops_per_token")
     if not isinstance(N, (int, float)) or not N > 0:
         raise ValueError(f"{summary}: 'params' must be a positive number, got {N!r}")
@@ -680,13 +689,15 @@ def _read_run(path):
         except json.JSONDecodeError:
             raise ValueError(f"{log}:{i}: not a JSON object") from None
         if row.get("kind") == "grow":    # N changed during the run: no single (N, D) curve to fit
-            raise ValueError(f"{log}:{i}: this run grew (grow.py); fit runs of one fixed shape only")
+            raise ValueError(f"{log}:{i}: this run grew (grow.py); fit runs of one fixed shape "
+                             "only")
         if row.get("kind") != "eval":
             continue
         D, loss = row.get("tokens"), row.get("val_loss")
         if not (isinstance(D, (int, float)) and isinstance(loss, (int,
                                                                   float)) and math.isfinite(loss) and loss > 0):
-            raise ValueError(f"{log}:{i}: eval line needs numeric 'tokens' and a positive finite 'val_loss'")
+            raise ValueError(f"{log}:{i}: eval line needs numeric 'tokens' and a positive finite "
+                             "'val_loss'")
         # an evaluation before training has no D
         if D > 0:
             points.append({"N": float(N), "D": float(D), "loss": float(loss), "run_id": folder,
@@ -712,7 +723,8 @@ def _read_csv(path):
             C = float(row["c"]) if row.get("c") else None
             D = float(row["d"]) if row.get("d") else C / (6 * N)
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
-            raise ValueError(f"{path}:{i}: need numeric columns N, D (or C) and loss, got {row}") from None
+            raise ValueError(f"{path}:{i}: need numeric columns N, D (or C) and loss, got "
+                             f"{row}") from None
         if not all(math.isfinite(v) and v > 0 for v in (N, D, loss)):
             raise ValueError(f"{path}:{i}: N, D and loss must be positive and finite, got {row}")
         p = {"N": N, "D": D, "loss": loss, "C": C}
@@ -737,7 +749,8 @@ def read_points(paths):
     for key in sorted({k for c in runs.values() for k in c}):
         values = {json.dumps(c.get(key)) for c in runs.values()}
         if len(values) > 1:
-            raise ValueError(f"runs differ in {key} ({', '.join(sorted(values))}): their losses are not comparable; "
+            raise ValueError(f"runs differ in {key} ({', '.join(sorted(values))}): their losses "
+                             "are not comparable; "
                              "fit runs of one setting at a time")
     return points
 
@@ -775,7 +788,8 @@ def plot_fit(points, fit, path):
     c = np.geomspace(C.min(), C.max() * 10, 100)
     ax.plot(c, compute_optimal(c, fit)["loss"], "k--", lw=1.5, label="compute-optimal L(N*, D*)")
     ax.set(xscale="log", xlabel="training FLOPs C = 6ND", ylabel="validation loss",
-           title=f"alpha={fit['alpha']:.3f} beta={fit['beta']:.3f} E={fit['E']:.3f} a={fit['a']:.3f}")
+           title=f"alpha={fit['alpha']:.3f} beta={fit['beta']:.3f} E={fit['E']:.3f} "
+                 f"a={fit['a']:.3f}")
     fig.colorbar(sc, label="log10 N")
     ax.legend()
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -800,21 +814,29 @@ def cmd_plan(args):
         "preset": args.model, "out": args.out, "data": args.data, "seq_len": args.max_seq_len,
         "objective": args.objective})
     s = p["shape"]
-    print(f"budget: {p['hours']:g} h x {p['n_gpus']} {p['gpu']} ({p['peak_flops'] / 1e12:g} TFLOP/s bf16 peak) "
+    print(f"budget: {p['hours']:g} h x {p['n_gpus']} {p['gpu']} ({p['peak_flops'] / 1e12:g} "
+          "TFLOP/s bf16 peak) "
           f"at {p['mfu']:.0%} MFU -> C = {p['C']:.3g} FLOPs")
-    print(f"constants: {p['source']}" + (f" (--constants {p['constants']})" if p["constants"] in PUBLISHED else ""))
+    print(f"constants: {p['source']}" + (" (--constants "
+                                         f"{p['constants']})" if p["constants"] in PUBLISHED else ""))
     if p["constants"] in PUBLISHED:
         print(f"  caveat: {CAVEAT}")
-    print(f"compute-optimal (C = 6ND): N* = {_si(p['N_opt'])} params, D* = {_si(p['D_opt'])} tokens "
+    print(f"compute-optimal (C = 6ND): N* = {_si(p['N_opt'])} params, D* = {_si(p['D_opt'])} "
+          "tokens "
           f"({p['tokens_per_param']:.1f} tokens/param), predicted loss {p['loss_opt']:.3f}")
-    print(f"shape ({s['preset']} + overrides): {s['n_layers']} layers, d_model {s['d_model']}, {s['n_heads']} heads "
-          f"of 64, ffn_dim {s['ffn_dim']}, vocab {s['vocab_size']} (d_model/n_layers = {s['aspect_ratio']:.0f})")
-    print(f"  params {_si(s['params_total'])} total, {_si(s['params'])} non-embedding (N counted as {s['count']}: "
+    print(f"shape ({s['preset']} + overrides): {s['n_layers']} layers, d_model {s['d_model']}, "
+          f"{s['n_heads']} heads "
+          f"of 64, ffn_dim {s['ffn_dim']}, vocab {s['vocab_size']} (d_model/n_layers = "
+          f"{s['aspect_ratio']:.0f})")
+    print(f"  params {_si(s['params_total'])} total, {_si(s['params'])} non-embedding (N counted "
+          f"as {s['count']}: "
           f"{_si(s['N'])}); {s['flops_per_token']:.3g} FLOPs/token (model.flops_per_token)")
     if not 0.67 < s["N"] / p["N_opt"] < 1.5:
-        print(f"  note: the nearest shape has {s['N'] / p['N_opt']:.2g}x N* (at this size the vocabulary embedding "
+        print(f"  note: the nearest shape has {s['N'] / p['N_opt']:.2g}x N* (at this size the "
+              "vocabulary embedding "
               f"dominates the count; a smaller tokenizer vocabulary fits the target better)")
-    print(f"tokens in budget at this shape: {_si(p['tokens'])} ({_si(p['tokens_per_sec'])} tokens/s), "
+    print(f"tokens in budget at this shape: {_si(p['tokens'])} ({_si(p['tokens_per_sec'])} "
+          "tokens/s), "
           f"predicted loss {p['loss_shape']:.3f}")
     print(f"command:\n  {p['command']}")
     if args.json:
@@ -828,11 +850,14 @@ def cmd_sweep(args):
         "sizes": args.sizes, "ratio": args.ratio, "spread": args.spread, "preset": args.model,
         "data": args.data, "seq_len": args.max_seq_len, "objective": args.objective,
         "out_dir": args.out_dir})
-    print(f"IsoFLOP sweep: {len(s['runs'])} runs, {s['C_total']:.3g} FLOPs in {s['hours_total']:.3g} h "
-          f"({args.gpus} {args.gpu} at {args.mfu:.0%} MFU); sizes centred on N* from constants {s['constants']}")
+    print(f"IsoFLOP sweep: {len(s['runs'])} runs, {s['C_total']:.3g} FLOPs in "
+          f"{s['hours_total']:.3g} h "
+          f"({args.gpus} {args.gpu} at {args.mfu:.0%} MFU); sizes centred on N* from constants "
+          f"{s['constants']}")
     print(f"{'C (FLOPs)':>10} {'N':>7} {'D':>7} {'D/N':>6} {'hours':>6}  shape")
     for r in s["runs"]:
-        print(f"{r['C']:10.3g} {_si(r['N']):>7} {_si(r['D']):>7} {r['D'] / r['N']:6.1f} {r['hours']:6.3g}  "
+        print(f"{r['C']:10.3g} {_si(r['N']):>7} {_si(r['D']):>7} {r['D'] / r['N']:6.1f} "
+              f"{r['hours']:6.3g}  "
               f"{r['shape']['n_layers']}x{r['shape']['d_model']}")
     print("commands:")
     for r in s["runs"]:
@@ -855,24 +880,29 @@ def cmd_fit(args):
     C_max = max(_compute(p) for p in points)
     band = allocation_band(10 * C_max, boot)
     ci = boot["intervals"]
-    print(f"fit: {fit['n_points']} points from {fit['n_runs']} runs, N = non-embedding params, delta = {args.delta}, "
+    print(f"fit: {fit['n_points']} points from {fit['n_runs']} runs, N = non-embedding params, "
+          f"delta = {args.delta}, "
           f"{'converged' if fit['converged'] else 'NOT converged'} ({fit['iterations']} LM steps, "
           f"|grad| {fit['grad_norm']:.1e}), rms log residual {fit['rms_log_residual']:.4f}")
-    print(f"L(N, D) = E + A/N^alpha + B/D^beta: estimate [{boot['level']:.0%} interval, {args.n_boot} resamples "
+    print(f"L(N, D) = E + A/N^alpha + B/D^beta: estimate [{boot['level']:.0%} interval, "
+          f"{args.n_boot} resamples "
           f"of runs]")
     for k in ("E", "A", "B", "alpha", "beta", "a", "b"):
         lo, med, hi = ci[k]
         print(f"  {k:>5} = {fit[k]:<12.6g} [{lo:.4g}, {hi:.4g}]")
-    print(f"  N* ~ C^{fit['a']:.3f}, D* ~ C^{fit['b']:.3f}; at 10x the largest run (C = {10 * C_max:.3g}): "
+    print(f"  N* ~ C^{fit['a']:.3f}, D* ~ C^{fit['b']:.3f}; at 10x the largest run (C = "
+          f"{10 * C_max:.3g}): "
           f"N* {_si(band['N'][1])} [{_si(band['N'][0])}, {_si(band['N'][2])}], "
           f"D* {_si(band['D'][1])} [{_si(band['D'][0])}, {_si(band['D'][2])}]")
     if iso["a"] is not None:
         print(f"isoFLOP cross-check ({len(iso['budgets'])} budgets): N_opt ~ C^{iso['a']:.3f}, "
               f"D_opt ~ C^{iso['b']:.3f}")
     else:
-        print(f"isoFLOP cross-check: needs 2 budgets with a minimum inside the sizes ({len(iso['budgets'])} usable)")
+        print("isoFLOP cross-check: needs 2 budgets with a minimum inside the sizes "
+              f"({len(iso['budgets'])} usable)")
     if law:
-        print(f"frontier L(C) = {law['E']:.4g} + {law['A']:.4g} C^-{law['k']:.4g} ({law['n_points']} points)")
+        print(f"frontier L(C) = {law['E']:.4g} + {law['A']:.4g} C^-{law['k']:.4g} "
+              f"({law['n_points']} points)")
     fit_out = {k: v for k, v in fit.items() if not k.startswith("_")}
     boot_out = {k: boot[k] for k in ("n_boot", "seed", "level", "n_runs", "converged_fraction")}
     blob = {"fit": {**fit_out, "N_counts": "non_embedding"}, "intervals": ci, "bootstrap": boot_out,
@@ -881,7 +911,8 @@ def cmd_fit(args):
             "sources": list(args.runs)}
     save_json(blob, args.out)
     png = plot_fit(points, fit, os.path.splitext(args.out)[0] + ".png")
-    print(f"saved {args.out}" + (f" and {png}" if png else " (no plot: matplotlib is not installed)"))
+    print(f"saved {args.out}" + (f" and {png}" if png else " (no plot: matplotlib is not "
+                                                           "installed)"))
 
 
 def check_args(parser, args):
@@ -918,33 +949,45 @@ def main(argv=None):
     budget.add_argument("--constants", default="epoch", choices=sorted(PUBLISHED),
                         help="published constant set when no --fit (default epoch)")
     # Model and train.py pass-through
-    budget.add_argument("--model", default="base", help="model.py preset the shape overrides (default base)")
-    budget.add_argument("--objective", choices=("mlm", "clm"), help="training objective (default: preset's)")
+    budget.add_argument("--model", default="base", help="model.py preset the shape overrides "
+                                                        "(default base)")
+    budget.add_argument("--objective", choices=("mlm", "clm"), help="training objective (default: "
+                                                                    "preset's)")
     budget.add_argument("--max-seq-len", "--seq-len", type=int,
                         help="sequence length in tokens (default: preset's; alias --seq-len)")
     budget.add_argument("--data", help="--data value passed to train.py")
     budget.add_argument("--json", help="also write the plan as JSON to this path")
     short = "scaling.py {} {}[flags]  (--help lists them)".format
-    p = sub.add_parser("plan", parents=[budget], help="N*, D*, a shape and the train.py command for a budget",
+    p = sub.add_parser("plan", parents=[budget], help="N*, D*, a shape and the train.py command "
+                                                      "for a budget",
                        usage=short("plan", "--hours H --gpu GPU "))
     p.add_argument("--out", help="train.py --out folder (default runs/plan_<layers>x<width>)")
-    s = sub.add_parser("sweep", parents=[budget], help="train.py commands of an IsoFLOP sweep spending --hours",
+    s = sub.add_parser("sweep", parents=[budget], help="train.py commands of an IsoFLOP sweep "
+                                                       "spending --hours",
                        usage=short("sweep", "--hours H --gpu GPU "))
     s.add_argument("--budgets", type=int, default=3, help="number of compute levels (3)")
     s.add_argument("--sizes", type=int, default=5, help="model sizes per compute level (5)")
     s.add_argument("--ratio", type=float, default=3.0, help="compute ratio between levels (3)")
-    s.add_argument("--spread", type=float, default=3.0, help="sizes span N*/spread .. N*·spread (3)")
-    s.add_argument("--out-dir", default="runs/sweep", help="parent folder of the runs' --out (runs/sweep)")
-    f = sub.add_parser("fit", help="fit L(N, D) to train.py runs (folders or log.jsonl) or CSV files",
+    s.add_argument("--spread", type=float, default=3.0, help="sizes span N*/spread .. N*·spread "
+                                                             "(3)")
+    s.add_argument("--out-dir", default="runs/sweep", help="parent folder of the runs' --out "
+                                                           "(runs/sweep)")
+    f = sub.add_parser("fit", help="fit L(N, D) to train.py runs (folders or log.jsonl) or CSV "
+                                   "files",
                        usage=short("fit", "RUN [RUN ...] "))
-    f.add_argument("runs", nargs="+", help="train.py output folders, their log.jsonl, or CSV (N, D or C, loss)")
-    f.add_argument("--out", default="fit.json", help="where to save the fit (fit.json; plot beside it as .png)")
+    f.add_argument("runs", nargs="+", help="train.py output folders, their log.jsonl, or CSV (N, D "
+                                           "or C, loss)")
+    f.add_argument("--out", default="fit.json", help="where to save the fit (fit.json; plot beside "
+                                                     "it as .png)")
     f.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples of runs (200)")
     f.add_argument("--seed", type=int, default=0, help="bootstrap seed (0)")
-    f.add_argument("--delta", type=float, default=1e-3, help="Huber delta on log-loss residuals (1e-3)")
+    f.add_argument("--delta", type=float, default=1e-3, help="Huber delta on log-loss residuals "
+                                                             "(1e-3)")
     f.add_argument("--init", default="projection", choices=("projection", "grid"),
-                   help="starting points: variable projection (fast) or Hoffmann et al.'s 4500-point grid")
-    f.add_argument("--final-only", action="store_true", help="use only the last evaluation of each run")
+                   help="starting points: variable projection (fast) or Hoffmann et al.'s "
+                        "4500-point grid")
+    f.add_argument("--final-only", action="store_true", help="use only the last evaluation of each "
+                                                             "run")
     args = ap.parse_args(argv)
     check_args({"plan": p, "sweep": s, "fit": f}[args.command], args)
     try:

@@ -830,7 +830,8 @@ def check_args(parser, args):
         parser.error("--task-dev-file needs --task-file")
 
 
-def main(argv=None):
+def make_parser():
+    """The command line; the defaults are DEFAULTS' (cramming's GLUE-sane protocol)."""
     p = argparse.ArgumentParser(prog="evaluate_glue.py",
                                 description="GLUE fine-tuning and scoring (cramming's "
                                 "GLUE-sane protocol).",
@@ -890,6 +891,11 @@ def main(argv=None):
     # Output
     p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and "
                                                       "submission/*.tsv")
+    return p
+
+
+def main(argv=None):
+    p = make_parser()
     args = p.parse_args(argv)
     check_args(p, args)
 

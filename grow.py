@@ -11,13 +11,14 @@ decayed within a fixed budget, so measure it on your budget: bench/bench_grow.py
 
 How train.py uses it (`--grow SCHEDULE`):
 
-    stages = grow.parse_schedule("0:n_layers=4,d_model=384; 0.25:n_layers=8; 0.5:n_layers=16,d_model=768", cfg)
-    net = model.build_model(stages[0]["config"])               # the first stage (at 0) is the starting model
+    stages = grow.parse_schedule("0:n_layers=4,d_model=384; 0.25:n_layers=8; "
+                                 "0.5:n_layers=16,d_model=768", cfg)
+    net = model.build_model(stages[0]["config"])   # the first stage (at 0) is the starting model
     ...  # at the first step whose progress = elapsed / budget passes stages[i]["at"], i >= 1:
     net, optimizer, event = grow.apply_stage(net, optimizer, stages[i], make_optimizer,
                                              {"noise": 0.0, "policy": "carry"})  # GROW_OPTIONS
-    # then rebuild torch.compile / DDP wrappers, set the loader's sequence length to net.config["max_seq_len"],
-    # log `event` (plus the loss just before and after), and optionally scale the learning rate by
+    # then rebuild torch.compile / DDP wrappers, set the loader's sequence length to
+    # net.config["max_seq_len"], log `event` (plus the loss just before and after), and optionally scale the learning rate by
     # grow.rewarm_factor(progress, stages[i]["at"], rewarm) for a short re-warmup.
 
 apply_stage = grow_model (weights) + grow_optimizer (AdamW state); both are public:
@@ -31,7 +32,8 @@ Operators, and when each preserves the function (max |delta logits| <= 1e-5 in f
 tests/test_grow.py):
   depth  method="stack"      new layer i copies old layer i mod L (StackBERT, CompoundGrow,
                              G_stack). Not preserving.
-         method="interleave" new layer i copies old layer floor(i L / L') (StackBERT/staged-training "alternate").
+         method="interleave" new layer i copies old layer floor(i L / L') (StackBERT/staged
+                             training "alternate").
                              Not preserving.
          method="zero"       interleave, and each inserted copy gets zero output projections (out,
                              down): a pre-LN block x + F(LN(x)) with F's last matmul zero is the
@@ -42,13 +44,15 @@ tests/test_grow.py):
   ffn    f -> f' (any f' >= f): unit j copies unit j mod f, the down-projection columns of the
          copies divided by the copy count (Net2Net, CompoundGrow's FFN sharing). Preserving for
          every model option.
-  hidden d -> d' with the head size fixed, so heads H -> H' = d'/hd: residual coordinate i copies i mod d, head j
-         copies head j mod H, the matmuls reading copies divided by the copy count (Net2Net / bert2BERT FPI), and the
-         final norm divided too so the tied decoder sums the copies back (staged training). LayerNorm and RMSNorm
-         statistics are unchanged only if every coordinate has the same number of copies, so it preserves the
-         function when d'/d is an integer and positions are learned, rotary or none. Not with scaled sinusoidal
-         positions (a fresh model of width d' has different sinusoids, sized by d) nor ALiBi (slopes depend on the
-         head count). Non-integer factors are approximate (bert2BERT's "almost the same"). Pre-LN only.
+  hidden d -> d' with the head size fixed, so heads H -> H' = d'/hd: residual coordinate i copies i
+         mod d, head j copies head j mod H, the matmuls reading copies divided by the copy count
+         (Net2Net / bert2BERT FPI), and the final norm divided too so the tied decoder sums the
+         copies back (staged training). LayerNorm and RMSNorm statistics are unchanged only if every
+         coordinate has the same number of copies, so it preserves the function when d'/d is an
+         integer and positions are learned, rotary or none. Not with scaled sinusoidal positions (a
+         fresh model of width d' has different sinusoids, sized by d) nor ALiBi (slopes depend on
+         the head count). Non-integer factors are approximate (bert2BERT's "almost the same").
+         Pre-LN only.
   seq    T -> T': learned position rows >= T copy row i mod T (old rows bitwise); sinusoidal tables
          are rebuilt (identical first rows); rotary, ALiBi and none need nothing. Preserving for
          inputs of length <= T.
@@ -99,13 +103,12 @@ def preset_schedule(name, cfg):
     """Schedule text of a named preset, growing toward the target config cfg.
 
     compound: CompoundGrow's finding (Gu et al. 2021) is that shrinking several dimensions at once
-      beats shrinking one; it grows depth by stacking, the FFN by parameter sharing and the input length.
-      The paper's exact stage split for BERT-base is not reproduced here; this preset spends 40% of the budget
-      on two cheap stages and 60% on the full model.
+      beats shrinking one; it grows depth by stacking, the FFN by parameter sharing and the input
+      length. The paper's exact stage split for BERT-base is not reproduced here; this preset spends
+      40% of the budget on two cheap stages and 60% on the full model.
     gstack: G_stack (Du et al. 2024) stacks a model of L/4 layers 4x (growth factor g = 4 was best
-    there).
-      Their formula for when to grow is fitted at >= 1e20 FLOPs and overshoots the whole budget at single-GPU
-      scale, so this preset grows at a quarter of the budget.
+      there). Their formula for when to grow is fitted at >= 1e20 FLOPs and overshoots the whole
+      budget at single-GPU scale, so this preset grows at a quarter of the budget.
     """
     L, f, T = cfg["n_layers"], cfg["ffn_dim"], cfg["max_seq_len"]
     q = lambda n, k: max(1, n // k)  # noqa: E731
@@ -227,7 +230,7 @@ AUTO_LATEST = 0.6        # the full model gets at least 40% of the budget
 # How apply_stage grows (train.py fills these from --grow-noise, --seed, --grow-optimizer,
 # --grow-moments); grow_model and grow_optimizer document each choice
 GROW_OPTIONS = {
-    "method": None,          # depth operator; None: the stage's own method, else "stack" (StackBERT)
+    "method": None,          # depth operator; None: the stage's own, else "stack" (StackBERT)
     "noise": 0.0,            # std of noise on copied input weights: breaks the symmetry of copies
     "seed": 0,               # seeds that noise, so a grown run is reproducible
     "ramp": 100,             # forward passes over which an MSG gate opens from 0 to 1
@@ -252,8 +255,8 @@ def auto_deadline(next_stage, n_stages, latest=AUTO_LATEST):
 def auto_should_grow(points, progress, next_stage, n_stages, threshold=AUTO_THRESHOLD):
     """(grow now?, why) for the current stage, given its held-out evaluations [(flops, loss), ...]
     in order:
-    "deadline" once progress reaches the stage's deadline, "slope" once the last `window`
-    evaluations' slope (AUTO_WINDOW of them) is above `threshold`, else (False, None). Never past the last stage:
+    "deadline" once progress reaches the stage's deadline, "slope" once the slope of the last
+    AUTO_WINDOW evaluations is above `threshold`, else (False, None). Never past the last stage:
     next_stage must exist."""
     if next_stage >= n_stages:
         return False, None
@@ -307,7 +310,8 @@ def spec(index, n_old, kind):
       "split":  inputs duplicated (outgoing weights reading c copies of a unit): values divided by c
                 so the sum over copies is the original (Net2Net's Net2WiderNet); each copy's
                 gradient equals the original.
-      "extend": new rows that are not symmetric copies (position rows >= T). Values copied, moments unscaled."""
+      "extend": new rows that are not symmetric copies (position rows >= T). Values copied,
+                moments unscaled."""
     # (n_new,) copies of each entry's source
     counts = torch.bincount(index, minlength=n_old)[index].float()
     return {"index": index, "new": replicas(index),
@@ -504,7 +508,8 @@ def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer,
     fresh Adam state (step 0). Where a tensor mixes old and new coordinates, the new ones take a
     first step of about (1 - b1)/sqrt(1 - b2) times the learning rate (the kept step count makes
     bias correction ~1), one reason to re-warm. new_moments="scaled": copies inherit their source's
-    moments, scaled like their gradients (spec()). options: policy and new_moments (GROW_OPTIONS)."""
+    moments, scaled like their gradients (spec()). options: policy and new_moments
+    (GROW_OPTIONS)."""
     options = {**GROW_OPTIONS, **(options or {})}
     policy, new_moments = options["policy"], options["new_moments"]
     if policy not in ("carry", "fresh") or new_moments not in ("zero", "scaled"):

@@ -104,8 +104,10 @@ def held_out_documents(folder):
     enc = data.load_tokenizer(meta["tokenizer"])
     sep = data.special_ids(enc)["sep"]
     docs = []
+    # validation text: the model never trained on it, so a built-in task cannot be memorized
     for shard in meta["val"]:
         tokens = np.asarray(data.read_shard(shard))
+        # data.py ends every document with [SEP], so the [SEP] positions cut the stream back apart
         cuts = np.flatnonzero(tokens == sep)
         starts = np.concatenate([[0], cuts[:-1] + 1])
         docs += [enc.decode(tokens[a:b].tolist()) for a, b in zip(starts, cuts) if b > a]
@@ -116,6 +118,8 @@ def held_out_documents(folder):
 
 def split_sentences(text, min_words=4):
     """Sentences of at least min_words words: text cut after . ! ? followed by whitespace."""
+    # a crude splitter on purpose: no language model or library, the same cuts in every language
+    # with Latin punctuation; short fragments (abbreviations, headings) are dropped by min_words
     parts = re.split(r"(?<=[.!?])\s+", " ".join(text.split()))
     return [p for p in parts if len(p.split()) >= min_words]
 
@@ -128,9 +132,12 @@ def build_cloze(docs, n_items=500, n_choices=4, seed=0):
     pairs = [(i, s[j], s[j + 1]) for i, s in enumerate(per_doc) for j in range(len(s) - 1)]
     if len(per_doc) < 2 or not pairs:
         raise ValueError("the held-out documents are too few or too short for a cloze task")
+    # one seeded generator: two checkpoints scored with the same seed see the very same items
     rng = random.Random(seed)
     items = []
     for i, context, truth in rng.sample(pairs, min(n_items, len(pairs))):
+        # distractors from other documents: fluent sentences that do not follow from the context,
+        # as in the story cloze test (Mostafazadeh et al. 2016) but with random, not written, foils
         others = [s for k, ss in enumerate(per_doc) if k != i for s in ss]
         distractors = rng.sample(others, min(n_choices - 1, len(others)))
         choices = [truth] + distractors
@@ -145,8 +152,11 @@ def build_last_word(docs, n_items=500, words=40, seed=0):
     candidates = []
     for d in docs:
         w = d.split()
+        # non-overlapping windows: no two items share words, so they are independent samples
         for start in range(0, len(w) - words + 1, words):
             passage = w[start:start + words]
+            # LAMBADA (Paperno et al. 2016) asks for a word; a number or a quote mark is no test
+            # of understanding the passage
             if passage[-1].isalpha():
                 candidates.append(" ".join(passage))
     if not candidates:
@@ -162,6 +172,8 @@ def build_last_word(docs, n_items=500, words=40, seed=0):
 def continuation(context, choice):
     """The harness's target: the choice after a space, unless the context ends or the choice starts
     with one."""
+    # BPE vocabularies fold the space into the next token (" cat"), so a choice scored without its
+    # space would be tokenized as the model never saw it mid-sentence
     return choice if not context or context[-1].isspace() or choice[:1].isspace() else " " + choice
 
 
@@ -171,6 +183,7 @@ def score_causal(net, specials, context_ids, cont_ids_list):
     context, in one batched forward pass: [SEP] context continuation (a document starts after [SEP]
     in the training stream), cut from the left to the model's length."""
     T = net.config["max_seq_len"]
+    # cut from the left: the words nearest the continuation matter most for predicting it
     rows = [([specials["sep"]] + context_ids + c)[-T:] for c in cont_ids_list]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), specials["pad"], dtype=torch.long)
@@ -183,8 +196,9 @@ def score_causal(net, specials, context_ids, cont_ids_list):
         # positions that predict the continuation
         pos = torch.arange(len(r) - len(c) - 1, len(r) - 1)
         target = torch.tensor(c)
-        out.append((float(logp[i, pos, target].sum()), bool((logp[i,
-                                                                  pos].argmax(-1) == target).all())))
+        # the sum, not the mean: a choice is scored as the probability of the whole string
+        greedy = bool((logp[i, pos].argmax(-1) == target).all())
+        out.append((float(logp[i, pos, target].sum()), greedy))
     return out
 
 
@@ -197,6 +211,7 @@ def score_masked(net, specials, context_ids, cont_ids_list):
     T = net.config["max_seq_len"]
     out = []
     for c in cont_ids_list:
+        # room for [CLS], [SEP] and the whole continuation; the context is cut from the left
         keep = max(0, T - 2 - len(c))
         row = [specials["cls"]] + context_ids[len(context_ids) - keep:] + c + [specials["sep"]]
         # where the continuation starts
@@ -204,6 +219,8 @@ def score_masked(net, specials, context_ids, cont_ids_list):
         # (len(c), L): one row per masked token
         ids = torch.tensor(row).repeat(len(c), 1)
         positions = torch.arange(first, first + len(c))
+        # masking one token at a time is what makes a masked LM's score a (pseudo) likelihood:
+        # each token is predicted from all the others, as in pretraining
         ids[torch.arange(len(c)), positions] = specials["mask"]
         device = net.tok_emb.weight.device
         # (len(c), 1, V)
@@ -218,8 +235,10 @@ def score_masked(net, specials, context_ids, cont_ids_list):
 def pick(logprobs, choices):
     """(acc choice, acc_norm choice): argmax of the sums, and of the sums per character of the
     choice."""
-    return int(np.argmax(logprobs)), int(np.argmax([lp / max(1, len(c)) for lp, c in zip(logprobs,
-                                                                                         choices)]))
+    # acc_norm divides by length in characters, as the harness does: a long choice has more tokens,
+    # so its summed log-probability is lower whether or not it is right (Gao et al. 2021)
+    per_char = [lp / max(1, len(c)) for lp, c in zip(logprobs, choices)]
+    return int(np.argmax(logprobs)), int(np.argmax(per_char))
 
 
 def evaluate_items(net, enc, kind, items, progress=True, desc=""):
@@ -232,12 +251,14 @@ def evaluate_items(net, enc, kind, items, progress=True, desc=""):
     for item in tqdm(items, desc=desc, unit="item", disable=not progress):
         if kind == "multiple_choice":
             ctx = enc.encode_ordinary(item["context"])
-            conts = [enc.encode_ordinary(continuation(item["context"],
-                                                      c))[:T - 2] for c in item["choices"]]
+            # at most T - 2 tokens: the room left beside [CLS] and [SEP]
+            conts = [enc.encode_ordinary(continuation(item["context"], c))[:T - 2]
+                     for c in item["choices"]]
             scores = score(net, specials, ctx, conts)
             acc, acc_norm = pick([s for s, _ in scores], item["choices"])
             per_item.append({"acc": acc == item["label"], "acc_norm": acc_norm == item["label"]})
         else:
+            # right only if greedy decoding produces every token of the word (LAMBADA's accuracy)
             head, word = item["text"].rstrip().rsplit(None, 1)
             ctx = enc.encode_ordinary(head)
             (lp, greedy), = score(net, specials, ctx, [enc.encode_ordinary(" " + word)[:T - 2]])
@@ -246,6 +267,7 @@ def evaluate_items(net, enc, kind, items, progress=True, desc=""):
     if kind == "multiple_choice":
         metrics["acc_norm"] = 100.0 * float(np.mean([r["acc_norm"] for r in per_item]))
     else:
+        # per word, not per token: exp of the mean negative log-likelihood of the last words
         metrics["perplexity"] = float(math.exp(-np.mean([r["logprob"] for r in per_item])))
     return metrics, per_item
 
@@ -346,6 +368,7 @@ def evaluate(checkpoint, task_files=(), tasks=(), settings=None):
     settings = {**DEFAULTS, **(settings or {})}
     held_out, out, device = settings["held_out"], settings["out"], settings["device"]
     n_items, seed, progress = settings["n_items"], settings["seed"], settings["progress"]
+    # check every input before loading the model: a typo fails in a second, not after a load
     if not task_files and not tasks:
         raise ValueError("nothing to evaluate: give --task-file FILE and/or --task cloze|last-word")
     unknown = [t for t in tasks if t not in BUILT_IN]
@@ -353,8 +376,8 @@ def evaluate(checkpoint, task_files=(), tasks=(), settings=None):
         raise ValueError(f"unknown built-in task(s) {unknown}; choose from {', '.join(BUILT_IN)}")
     if tasks and not held_out:
         raise ValueError("built-in tasks need --held-out: a prepared data folder (e.g. "
-                         "cache/sample-<hash>) "
-                         "whose validation documents they are built from")
+                         "cache/sample-<hash>) whose validation documents they are built from")
+    # a task file's name (without .jsonl) names its task in the results
     jobs = [(os.path.splitext(os.path.basename(p))[0], *read_task_file(p)) for p in task_files]
     docs = held_out_documents(held_out) if tasks else []
     builders = {"cloze": build_cloze, "last-word": build_last_word}
@@ -362,20 +385,22 @@ def evaluate(checkpoint, task_files=(), tasks=(), settings=None):
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     net = model.load_model(checkpoint, device).eval()
     enc = data.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
+    # a tokenizer from another run could emit ids past the embedding table: refuse, not crash
     if enc.n_vocab > net.config["vocab_size"]:
         raise ValueError(f"{checkpoint}: tokenizer has {enc.n_vocab} tokens, the model "
                          f"{net.config['vocab_size']}")
-    scoring = "log-likelihood" if net.config["objective"] == "clm" else "PLL (pseudo-log-likelihood, masked LM)"
+    # the two scorings are not on one scale: compare a causal and a masked model by accuracy only
+    scoring = ("log-likelihood" if net.config["objective"] == "clm"
+               else "PLL (pseudo-log-likelihood, masked LM)")
     results = {"checkpoint": checkpoint, "objective": net.config["objective"], "scoring": scoring,
-               "units":
-               "percent (perplexity: a number)", "tasks": {}}
+               "units": "percent (perplexity: a number)", "tasks": {}}
     for name, kind, items in jobs:
         t0 = time.time()
         metrics, _ = evaluate_items(net, enc, kind, items, progress, name)
         results["tasks"][name] = {"kind": kind, "n": len(items), "metrics": metrics,
                                   "seconds": round(time.time() - t0, 2)}
-        print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k,
-                                      v in metrics.items()) + f"  ({len(items)} items)")
+        print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items())
+              + f"  ({len(items)} items)")
     table = markdown_table(results)
     print(table)
     if out:

@@ -52,11 +52,13 @@ def read_task_file(path):
     if not os.path.isfile(path):
         raise ValueError(f"{path}: task file not found")
     items, kind = [], None
+    # bytes, decoded line by line, so that bad UTF-8 is reported with its line number
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")
     for n, raw in enumerate(lines, 1):
-        if not raw.strip():
+        if not raw.strip():  # blank lines (a trailing newline, spacing) are not items
             continue
+        # file:line, the form editors and terminals turn into a link
         where = f"{path}:{n}"
         try:
             item = json.loads(raw.decode("utf-8"))
@@ -66,6 +68,7 @@ def read_task_file(path):
             raise ValueError(f"{where}: not a JSON object ({e.msg})") from None
         if not isinstance(item, dict):
             raise ValueError(f"{where}: expected a JSON object")
+        # the keys decide the kind; one file holds one kind, so its metrics mean one thing
         this = "multiple_choice" if "choices" in item else "last_word" if "text" in item else None
         if this is None:
             raise ValueError(f"{where}: needs \"context\", \"choices\" and \"label\" (multiple "

@@ -256,6 +256,9 @@ def subset(split, idx):
 
 # -----------------------------------------------------------------------------
 # Metrics in numpy. All return fractions in [-1, 1] or [0, 1]; the report multiplies by 100.
+# GLUE's choice per task (Wang et al. 2019, sec. 3): MCC for CoLA, whose classes are unbalanced;
+# F1 (with accuracy) for MRPC and QQP, whose positive class is the rarer one; Pearson and Spearman
+# for STS-B, a similarity score in [0, 5]; accuracy elsewhere.
 
 
 def accuracy(pred, gold):
@@ -266,6 +269,7 @@ def accuracy(pred, gold):
 def f1_score(pred, gold, positive=1):
     """F1 of the positive class = 2TP / (2TP + FP + FN); 0 when there is no positive anywhere."""
     pred, gold = np.asarray(pred) == positive, np.asarray(gold) == positive
+    # true negatives do not count: a model that says "not a paraphrase" everywhere scores 0
     tp, fp, fn = np.sum(pred & gold), np.sum(pred & ~gold), np.sum(~pred & gold)
     return float(2 * tp / (2 * tp + fp + fn)) if tp + fp + fn > 0 else 0.0
 
@@ -279,6 +283,7 @@ def matthews_corrcoef(pred, gold):
     prediction makes the denominator 0; we return 0 there (no information), like scikit-learn.
     """
     pred, gold = np.asarray(pred), np.asarray(gold)
+    # the classes seen on either side; a class neither predicted nor present adds nothing
     classes = np.union1d(pred, gold)
     t = np.array([np.sum(gold == k) for k in classes], dtype=np.float64)
     p = np.array([np.sum(pred == k) for k in classes], dtype=np.float64)
@@ -293,6 +298,7 @@ def pearson(x, y):
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(x) < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()):
         return math.nan
+    # centred, then the cosine of the two vectors: the textbook definition, in float64
     x, y = x - x.mean(), y - y.mean()
     denom = math.sqrt(float(x @ x) * float(y @ y))
     return float(x @ y / denom) if denom > 0 else math.nan
@@ -311,6 +317,7 @@ def spearman(x, y):
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if not (np.isfinite(x).all() and np.isfinite(y).all()):  # ranks would hide the NaN
         return math.nan
+    # Spearman is Pearson on ranks: it asks only whether the order of the scores is right
     return pearson(rankdata(x), rankdata(y))
 
 

@@ -3,18 +3,20 @@
     python evaluate_glue.py --download --glue-dir glue_data          # fetch the data (once)
     python evaluate_glue.py --checkpoint runs/cram/final --glue-dir glue_data --out runs/glue --seeds 5
 
-Protocol: cramming's "GLUE-sane" (Geiping & Goldstein 2023, "Cramming: Training a Language Model on a Single
-GPU in One Day", ICML; `eval/GLUE_sane.yaml` in JonasGeiping/cramming). One set of hyperparameters for every
-task: AdamW lr 4e-5, betas (0.9, 0.98), eps 1e-6, no weight decay, batch 16, 5 epochs, cosine decay after a
-10% linear warmup, dropout 0.1, max length 128, inputs `[CLS] a [SEP] b [SEP]`, a fresh head per task. The dev
-score after the LAST epoch is kept (no best-epoch picking) and `--seeds K` reports the median of K fine-tunes.
+Protocol: cramming's "GLUE-sane" (Geiping & Goldstein 2023, "Cramming: Training a Language Model on
+a Single GPU in One Day", ICML; `eval/GLUE_sane.yaml` in JonasGeiping/cramming). One set of
+hyperparameters for every task: AdamW lr 4e-5, betas (0.9, 0.98), eps 1e-6, no weight decay, batch
+16, 5 epochs, cosine decay after a 10% linear warmup, dropout 0.1, max length 128, inputs `[CLS] a
+[SEP] b [SEP]`, a fresh head per task. The dev score after the LAST epoch is kept (no best-epoch
+picking) and `--seeds K` reports the median of K fine-tunes.
 
-Score: the mean of 9 numbers, CoLA MCC, SST-2 acc, MRPC F1, STS-B Pearson, QQP F1, MNLI-m acc, MNLI-mm acc,
-QNLI acc, RTE acc, WNLI excluded (cramming reports 78.6-80.4 this way; bert-base-uncased gets 80.9).
-All metrics are reported in percent (x100), as in the papers.
+Score: the mean of 9 numbers, CoLA MCC, SST-2 acc, MRPC F1, STS-B Pearson, QQP F1, MNLI-m acc,
+MNLI-mm acc, QNLI acc, RTE acc, WNLI excluded (cramming reports 78.6-80.4 this way;
+bert-base-uncased gets 80.9). All metrics are reported in percent (x100), as in the papers.
 
-Data: the classic `glue_data/` folder of tab-separated files (no quoting anywhere; CoLA train/dev have no
-header). Test-set predictions are written in the leaderboard's format (`CoLA.tsv` ... `AX.tsv`).
+Data: the classic `glue_data/` folder of tab-separated files (no quoting anywhere; CoLA train/dev
+have no header). Test-set predictions are written in the leaderboard's format (`CoLA.tsv` ...
+`AX.tsv`).
 """
 import argparse
 import copy
@@ -35,7 +37,6 @@ from tqdm import tqdm
 import data
 import download
 import model
-import train
 
 csv.field_size_limit(1 << 24)  # a few MNLI/QQP fields are long; the default 128 KiB limit is close
 
@@ -47,15 +48,19 @@ csv.field_size_limit(1 << 24)  # a few MNLI/QQP fields are long; the default 128
 TASKS = {
     "CoLA": dict(text=("sentence", None), label="label", classes=["0", "1"], metrics=("mcc",),
                  dev={"": "dev.tsv"}, test={"CoLA": "test.tsv"}, score={"CoLA": "mcc"},
-                 # train/dev have no header row: source, label, original label ('*' or empty), sentence
+                 # train/dev have no header row: source, label, original label ('*' or empty),
+                 # sentence
                  no_header=("source", "label", "original_label", "sentence")),
     "SST-2": dict(text=("sentence", None), label="label", classes=["0", "1"], metrics=("accuracy",),
                   dev={"": "dev.tsv"}, test={"SST-2": "test.tsv"}, score={"SST-2": "accuracy"}),
-    "MRPC": dict(text=("#1 String", "#2 String"), label="Quality", classes=["0", "1"], metrics=("f1", "accuracy"),
+    "MRPC": dict(text=("#1 String", "#2 String"), label="Quality", classes=["0", "1"],
+                 metrics=("f1", "accuracy"),
                  dev={"": "dev.tsv"}, test={"MRPC": "test.tsv"}, score={"MRPC": "f1"}),
-    "STS-B": dict(text=("sentence1", "sentence2"), label="score", classes=None, metrics=("pearson", "spearman"),
+    "STS-B": dict(text=("sentence1", "sentence2"), label="score", classes=None, metrics=("pearson",
+                                                                                         "spearman"),
                   dev={"": "dev.tsv"}, test={"STS-B": "test.tsv"}, score={"STS-B": "pearson"}),
-    "QQP": dict(text=("question1", "question2"), label="is_duplicate", classes=["0", "1"], metrics=("f1", "accuracy"),
+    "QQP": dict(text=("question1", "question2"), label="is_duplicate", classes=["0", "1"],
+                metrics=("f1", "accuracy"),
                 dev={"": "dev.tsv"}, test={"QQP": "test.tsv"}, score={"QQP": "f1"}),
     "MNLI": dict(text=("sentence1", "sentence2"), label="gold_label", metrics=("accuracy",),
                  classes=["contradiction", "entailment", "neutral"],
@@ -63,28 +68,37 @@ TASKS = {
                  test={"MNLI-m": "test_matched.tsv", "MNLI-mm": "test_mismatched.tsv",
                        "AX": os.path.join("..", "diagnostic", "diagnostic.tsv")},
                  score={"MNLI-m": "accuracy_m", "MNLI-mm": "accuracy_mm"}),
-    "QNLI": dict(text=("question", "sentence"), label="label", classes=["entailment", "not_entailment"],
-                 metrics=("accuracy",), dev={"": "dev.tsv"}, test={"QNLI": "test.tsv"}, score={"QNLI": "accuracy"}),
-    "RTE": dict(text=("sentence1", "sentence2"), label="label", classes=["entailment", "not_entailment"],
-                metrics=("accuracy",), dev={"": "dev.tsv"}, test={"RTE": "test.tsv"}, score={"RTE": "accuracy"}),
-    "WNLI": dict(text=("sentence1", "sentence2"), label="label", classes=["0", "1"], metrics=("accuracy",),
+    "QNLI": dict(text=("question", "sentence"), label="label", classes=["entailment",
+                                                                        "not_entailment"],
+                 metrics=("accuracy",), dev={"": "dev.tsv"}, test={"QNLI": "test.tsv"},
+                 score={"QNLI": "accuracy"}),
+    "RTE": dict(text=("sentence1", "sentence2"), label="label", classes=["entailment",
+                                                                         "not_entailment"],
+                metrics=("accuracy",), dev={"": "dev.tsv"}, test={"RTE": "test.tsv"},
+                score={"RTE": "accuracy"}),
+    "WNLI": dict(text=("sentence1", "sentence2"), label="label", classes=["0", "1"],
+                 metrics=("accuracy",),
                  dev={"": "dev.tsv"}, test={"WNLI": "test.tsv"}, score={"WNLI": "accuracy"}),
 }
-SUBMISSION_FILES = ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm", "QNLI", "RTE", "WNLI", "AX"]
+SUBMISSION_FILES = ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm", "QNLI", "RTE",
+                    "WNLI", "AX"]
 
 
 
 def task_key(name):
-    """'SST-2', 'sst2', 'Sst_2' -> 'sst2': the GLUE folder names and the Hugging Face spellings match alike."""
+    """'SST-2', 'sst2', 'Sst_2' -> 'sst2': the GLUE folder names and the Hugging Face spellings
+    match alike."""
     return name.lower().replace("-", "").replace("_", "")
 
 
 def check_tasks(tasks):
-    """GLUE folder names (CoLA, SST-2, STS-B) or Hugging Face's (cola, sst2, stsb), any case -> folder names."""
+    """GLUE folder names (CoLA, SST-2, STS-B) or Hugging Face's (cola, sst2, stsb), any case ->
+    folder names."""
     by_key = {task_key(t): t for t in TASKS}
     unknown = [t for t in tasks if task_key(t) not in by_key]
     if unknown:
-        raise ValueError(f"unknown task(s) {unknown}; choose from {','.join(TASKS)} (or cola, sst2, stsb, ...)")
+        raise ValueError(f"unknown task(s) {unknown}; choose from {','.join(TASKS)} (or cola, "
+                         "sst2, stsb, ...)")
     return [by_key[task_key(t)] for t in tasks]
 
 # -----------------------------------------------------------------------------
@@ -92,11 +106,12 @@ def check_tasks(tasks):
 
 
 def read_tsv(path, names=None):
-    """(header, rows as dicts with their line number under "_line", n_skipped) of a tab-separated file.
+    """(header, rows as dicts with their line number under "_line", n_skipped) of a tab-separated
+    file.
 
-    names=None: the first row is the header. Rows whose field count differs from the header are malformed
-    (QQP's train file has a few) and are skipped and counted rather than guessed at. utf-8-sig drops the
-    byte-order mark that MRPC's files start with.
+    names=None: the first row is the header. Rows whose field count differs from the header are
+    malformed (QQP's train file has a few) and are skipped and counted rather than guessed at.
+    utf-8-sig drops the byte-order mark that MRPC's files start with.
     """
     if not os.path.isfile(path):
         raise ValueError(f"{path}: file not found")
@@ -106,7 +121,8 @@ def read_tsv(path, names=None):
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}, line {line}: invalid UTF-8 (byte 0x{raw[e.start]:02x})") from None
+        raise ValueError(f"{path}, line {line}: invalid UTF-8 (byte "
+                         f"0x{raw[e.start]:02x})") from None
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
     header = list(names) if names else next(reader, None)
     if not header:
@@ -122,12 +138,14 @@ def read_tsv(path, names=None):
 
 def no_rows(path, skipped):
     """The error for a file with nothing to train or score on (no score from no data)."""
-    return f"{path}: no usable rows" + (f" ({skipped} malformed row(s) skipped: their field count differs from "
+    return f"{path}: no usable rows" + (f" ({skipped} malformed row(s) skipped: their field count "
+                                        "differs from "
                                          "the header's)" if skipped else "")
 
 
 def parse_split(spec, path, labelled):
-    """One split as plain lists: {"a", "b" (or None), "labels" (int class ids / floats / None), "index", ...}."""
+    """One split as plain lists: {"a", "b" (or None), "labels" (int class ids / floats / None),
+    "index", ...}."""
     names = spec.get("no_header") if labelled else None  # CoLA's test file does have a header
     header, rows, skipped = read_tsv(path, names)
     col_a, col_b = spec["text"]
@@ -142,12 +160,14 @@ def parse_split(spec, path, labelled):
              # test files carry an `index` (QQP: `id`) column that the leaderboard wants echoed back
              "index": [r.get("index", r.get("id", str(i))) for i, r in enumerate(rows)]}
     if labelled:
-        split["labels"] = parse_labels([(r[spec["label"]], r["_line"]) for r in rows], spec["classes"], path)
+        split["labels"] = parse_labels([(r[spec["label"]], r["_line"]) for r in rows],
+                                       spec["classes"], path)
     return split
 
 
 def parse_labels(raw, classes, path):
-    """(label string, line number) pairs -> class ids in `classes` order, or floats when classes is None."""
+    """(label string, line number) pairs -> class ids in `classes` order, or floats when classes is
+    None."""
     lookup = {c: i for i, c in enumerate(classes or [])}
     out = []
     for x, line in raw:
@@ -158,7 +178,8 @@ def parse_labels(raw, classes, path):
             out.append(value)
         except (KeyError, ValueError):
             expected = "a finite number" if classes is None else f"one of {classes}"
-            raise ValueError(f"{path}, line {line}: unknown label {x!r}; expected {expected}") from None
+            raise ValueError(f"{path}, line {line}: unknown label {x!r}; expected "
+                             f"{expected}") from None
     return np.array(out, dtype=np.float32 if classes is None else np.int64)
 
 
@@ -167,10 +188,12 @@ def load_task(name, glue_dir, spec=None):
     spec = spec or TASKS[name]
     folder = os.path.join(glue_dir, name)
     if not os.path.isdir(folder):
-        raise ValueError(f"{folder}: task folder for {name} not found (use --download, or point --glue-dir "
+        raise ValueError(f"{folder}: task folder for {name} not found (use --download, or point "
+                         "--glue-dir "
                          f"at the folder that holds CoLA/, SST-2/, ...)")
     task = {"train": parse_split(spec, os.path.join(folder, "train.tsv"), True),
-            "dev": {k: parse_split(spec, os.path.join(folder, f), True) for k, f in spec["dev"].items()},
+            "dev": {k: parse_split(spec, os.path.join(folder, f), True) for k,
+                    f in spec["dev"].items()},
             "test": {}, "missing_test": []}
     for sub, f in spec["test"].items():
         path = os.path.normpath(os.path.join(folder, f))
@@ -184,8 +207,8 @@ def load_task(name, glue_dir, spec=None):
 def load_task_file(path, dev_path=None, task_type="auto"):
     """A user's own task: a headed TSV with `sentence` or `sentence1` [+ `sentence2`] and `label`.
 
-    Classification unless every label is a number and at least one is not an integer (or task_type says so).
-    Without dev_path a fixed 10% of the rows (seed 0) is held out as dev.
+    Classification unless every label is a number and at least one is not an integer (or task_type
+    says so). Without dev_path a fixed 10% of the rows (seed 0) is held out as dev.
     """
     header, rows, skipped = read_tsv(path)
     if not rows:
@@ -194,7 +217,8 @@ def load_task_file(path, dev_path=None, task_type="auto"):
     col_b = "sentence2" if "sentence2" in header else None
     for c in (col_a, "label"):
         if c not in header:
-            raise ValueError(f"{path}: missing column {c!r} (need `sentence` or `sentence1`[, `sentence2`], `label`)")
+            raise ValueError(f"{path}: missing column {c!r} (need `sentence` or `sentence1`[, "
+                             "`sentence2`], `label`)")
     raw = [r["label"] for r in rows]
     if task_type == "auto":
         try:
@@ -205,7 +229,8 @@ def load_task_file(path, dev_path=None, task_type="auto"):
     classes = sorted(set(raw)) if task_type == "classification" else None
     if classes is not None and len(classes) < 2:
         raise ValueError(f"{path}: a classification task needs at least 2 labels, found {classes}")
-    spec = dict(text=(col_a, col_b), label="label", classes=classes, dev={"": ""}, test={}, score={},
+    spec = dict(text=(col_a, col_b), label="label", classes=classes, dev={"": ""}, test={},
+                score={},
                 metrics=("accuracy", "mcc") if classes else ("pearson", "spearman"))
     train = parse_split(spec, path, True)
     if dev_path:
@@ -214,7 +239,8 @@ def load_task_file(path, dev_path=None, task_type="auto"):
         perm = np.random.default_rng(0).permutation(len(train["a"]))
         n_dev = max(1, len(perm) // 10)
         if len(perm) - n_dev < 2:
-            raise ValueError(f"{path}: {len(perm)} row(s) leave no training rows after holding out 10% for dev; "
+            raise ValueError(f"{path}: {len(perm)} row(s) leave no training rows after holding out "
+                             "10% for dev; "
                              "add rows or give --task-dev-file")
         dev, train = subset(train, np.sort(perm[:n_dev])), subset(train, np.sort(perm[n_dev:]))
     name = os.path.splitext(os.path.basename(path))[0]
@@ -230,6 +256,9 @@ def subset(split, idx):
 
 # -----------------------------------------------------------------------------
 # Metrics in numpy. All return fractions in [-1, 1] or [0, 1]; the report multiplies by 100.
+# GLUE's choice per task (Wang et al. 2019, sec. 3): MCC for CoLA, whose classes are unbalanced;
+# F1 (with accuracy) for MRPC and QQP, whose positive class is the rarer one; Pearson and Spearman
+# for STS-B, a similarity score in [0, 5]; accuracy elsewhere.
 
 
 def accuracy(pred, gold):
@@ -240,18 +269,21 @@ def accuracy(pred, gold):
 def f1_score(pred, gold, positive=1):
     """F1 of the positive class = 2TP / (2TP + FP + FN); 0 when there is no positive anywhere."""
     pred, gold = np.asarray(pred) == positive, np.asarray(gold) == positive
+    # true negatives do not count: a model that says "not a paraphrase" everywhere scores 0
     tp, fp, fn = np.sum(pred & gold), np.sum(pred & ~gold), np.sum(~pred & gold)
     return float(2 * tp / (2 * tp + fp + fn)) if tp + fp + fn > 0 else 0.0
 
 
 def matthews_corrcoef(pred, gold):
-    """Matthews correlation (Gorodkin's K-class form; for 2 classes it is (TP*TN - FP*FN) / sqrt(...)).
+    """Matthews correlation (Gorodkin's K-class form; for 2 classes it is (TP*TN - FP*FN) /
+    sqrt(...)).
 
     With confusion matrix C (K,K), c = trace, s = total, t_k = true counts, p_k = predicted counts:
-    MCC = (c*s - sum_k p_k t_k) / sqrt((s^2 - sum_k p_k^2) (s^2 - sum_k t_k^2)).
-    A constant prediction makes the denominator 0; we return 0 there (no information), like scikit-learn.
+    MCC = (c*s - sum_k p_k t_k) / sqrt((s^2 - sum_k p_k^2) (s^2 - sum_k t_k^2)). A constant
+    prediction makes the denominator 0; we return 0 there (no information), like scikit-learn.
     """
     pred, gold = np.asarray(pred), np.asarray(gold)
+    # the classes seen on either side; a class neither predicted nor present adds nothing
     classes = np.union1d(pred, gold)
     t = np.array([np.sum(gold == k) for k in classes], dtype=np.float64)
     p = np.array([np.sum(pred == k) for k in classes], dtype=np.float64)
@@ -261,20 +293,23 @@ def matthews_corrcoef(pred, gold):
 
 
 def pearson(x, y):
-    """Pearson correlation; NaN where it is undefined: a constant side, a NaN anywhere, fewer than 2 pairs
-    (as scipy). The CLI turns a NaN into an error rather than report a number."""
+    """Pearson correlation; NaN where it is undefined: a constant side, a NaN anywhere, fewer than 2
+    pairs (as scipy). The CLI turns a NaN into an error rather than report a number."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(x) < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()):
         return math.nan
+    # centred, then the cosine of the two vectors: the textbook definition, in float64
     x, y = x - x.mean(), y - y.mean()
     denom = math.sqrt(float(x @ x) * float(y @ y))
     return float(x @ y / denom) if denom > 0 else math.nan
 
 
 def rankdata(x):
-    """Ranks 1..n with ties sharing the average of the ranks they span (e.g. [5, 1, 5] -> [2.5, 1, 2.5])."""
+    """Ranks 1..n with ties sharing the average of the ranks they span (e.g. [5, 1, 5] -> [2.5, 1,
+    2.5])."""
     _, which, counts = np.unique(np.asarray(x), return_inverse=True, return_counts=True)
-    last = np.cumsum(counts)                # the distinct values, in order, occupy ranks last-count+1 .. last
+    # the distinct values, in order, occupy ranks last-count+1 .. last
+    last = np.cumsum(counts)
     return ((last - counts + 1 + last) / 2.0)[which.reshape(-1)]
 
 
@@ -282,14 +317,17 @@ def spearman(x, y):
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if not (np.isfinite(x).all() and np.isfinite(y).all()):  # ranks would hide the NaN
         return math.nan
+    # Spearman is Pearson on ranks: it asks only whether the order of the scores is right
     return pearson(rankdata(x), rankdata(y))
 
 
-METRICS = {"accuracy": accuracy, "f1": f1_score, "mcc": matthews_corrcoef, "pearson": pearson, "spearman": spearman}
+METRICS = {"accuracy": accuracy, "f1": f1_score, "mcc": matthews_corrcoef, "pearson": pearson,
+           "spearman": spearman}
 
 
 def task_metrics(spec, dev_preds, task):
-    """{metric[_suffix]: percent} over every dev set of a task, e.g. MNLI -> accuracy_m, accuracy_mm."""
+    """{metric[_suffix]: percent} over every dev set of a task, e.g. MNLI -> accuracy_m,
+    accuracy_mm."""
     out = {}
     for suffix, split in task["dev"].items():
         for name in spec["metrics"]:
@@ -299,11 +337,12 @@ def task_metrics(spec, dev_preds, task):
 
 
 def glue_score(numbers, include_wnli=False):
-    """(score, convention sentence) from {"CoLA": mcc, ..., "MNLI-m": acc, "MNLI-mm": acc, ...} in percent.
+    """(score, convention sentence) from {"CoLA": mcc, ..., "MNLI-m": acc, "MNLI-mm": acc, ...} in
+    percent.
 
-    cramming's convention: the arithmetic mean of 9 numbers (MNLI-m and -mm separate, MRPC/QQP F1, STS-B
-    Pearson, CoLA MCC, the rest accuracy), WNLI excluded. A subset of tasks is marked as partial because its
-    mean is not comparable to published scores.
+    cramming's convention: the arithmetic mean of 9 numbers (MNLI-m and -mm separate, MRPC/QQP F1,
+    STS-B Pearson, CoLA MCC, the rest accuracy), WNLI excluded. A subset of tasks is marked as
+    partial because its mean is not comparable to published scores.
     """
     full = [k for t, spec in TASKS.items() for k in spec["score"] if t != "WNLI" or include_wnli]
     used = [k for k in full if k in numbers]
@@ -311,7 +350,8 @@ def glue_score(numbers, include_wnli=False):
         return None, "no GLUE task was evaluated"
     score = float(np.mean([numbers[k] for k in used]))
     wnli = "WNLI accuracy included" if include_wnli else "WNLI excluded"
-    convention = (f"cramming convention: mean of {len(full)} numbers, MNLI-m and -mm separate, MRPC/QQP F1, "
+    convention = (f"cramming convention: mean of {len(full)} numbers, MNLI-m and -mm separate, "
+                  "MRPC/QQP F1, "
                   f"STS-B Pearson, CoLA MCC, others accuracy, {wnli}")
     if len(used) < len(full):
         missing = [k for k in full if k not in numbers]
@@ -323,18 +363,19 @@ def glue_score(numbers, include_wnli=False):
 
 GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/"
 MRPC_URL = "https://dl.fbaipublicfiles.com/senteval/senteval_data/"
-# Spelled out per task on purpose: the widely copied download script swaps the QQP and STS-B addresses.
+# Spelled out per task on purpose: the widely copied download script swaps the QQP and STS-B
+# addresses.
 ZIPS = {"CoLA": "CoLA.zip", "SST-2": "SST-2.zip", "STS-B": "STS-B.zip", "QQP": "QQP-clean.zip",
         "MNLI": "MNLI.zip", "QNLI": "QNLIv2.zip", "RTE": "RTE.zip", "WNLI": "WNLI.zip"}
 MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
 
 
 def fetch(url, dest, retries=3, retry_wait_s=2.0):
-    """download.py's downloader (retries with backoff, resume, size check, atomic rename, progress bar); a failure
-    stops the run with one line."""
+    """download.py's downloader (retries with backoff, resume, size check, atomic rename, progress
+    bar); a failure stops the run with one line."""
     try:
-        return download.download_file(url, dest, retries=retries, backoff_s=retry_wait_s,
-                                      hint="set --download-url to a reachable mirror")
+        return download.download_file(url, dest, hint="set --download-url to a reachable mirror",
+                                      network={"retries": retries, "backoff_s": retry_wait_s})
     except ValueError as e:
         raise SystemExit(f"download failed: {e}") from None
 
@@ -348,7 +389,8 @@ def extract_task_zip(zip_path, glue_dir, task):
             if os.path.isabs(member) or ".." in member.split("/"):
                 raise ValueError(f"{zip_path}: unsafe path {member!r} in zip")
         z.extractall(scratch)
-    tops = [d for d in os.listdir(scratch) if os.path.isdir(os.path.join(scratch, d)) and d != "__MACOSX"]
+    tops = [d for d in os.listdir(scratch) if os.path.isdir(os.path.join(scratch,
+                                                                         d)) and d != "__MACOSX"]
     top = task if task in tops else (tops[0] if len(tops) == 1 else None)
     if top is None:
         raise ValueError(f"{zip_path}: expected one folder named {task} in the zip, found {tops}")
@@ -361,11 +403,13 @@ def write_text(path, text):
 
 
 def build_mrpc(folder):
-    """train.tsv/dev.tsv/test.tsv from SentEval's MSR paraphrase files and the list of dev (#1 ID, #2 ID) pairs."""
+    """train.tsv/dev.tsv/test.tsv from SentEval's MSR paraphrase files and the list of dev (#1 ID,
+    #2 ID) pairs."""
     with open(os.path.join(folder, "mrpc_dev_ids.tsv"), encoding="utf-8-sig") as f:
         dev_ids = {tuple(line.strip().split("\t")) for line in f if line.strip()}
     # train.tsv is written last: its presence is what marks a task folder as complete
-    parts = {"dev": [MRPC_HEADER], "test": ["index\t#1 ID\t#2 ID\t#1 String\t#2 String\n"], "train": [MRPC_HEADER]}
+    parts = {"dev": [MRPC_HEADER], "test": ["index\t#1 ID\t#2 ID\t#1 String\t#2 String\n"],
+             "train": [MRPC_HEADER]}
     for name in ("train", "test"):
         src = os.path.join(folder, f"msr_paraphrase_{name}.txt")
         with open(src, encoding="utf-8-sig") as f:
@@ -378,16 +422,20 @@ def build_mrpc(folder):
                 if name == "test":
                     parts["test"].append(f"{i}\t{id1}\t{id2}\t{s1}\t{s2}\n")
                 else:
-                    parts["dev" if (id1, id2) in dev_ids else "train"].append(line.rstrip("\r\n") + "\n")
+                    parts["dev" if (id1,
+                                    id2) in dev_ids else "train"].append(line.rstrip("\r\n") + "\n")
     for name, lines in parts.items():
         write_text(os.path.join(folder, f"{name}.tsv"), "".join(lines))
 
 
-def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries=3, retry_wait_s=2.0):
-    """Fetch every task in `tasks` that is not already in glue_dir (plus AX when MNLI is asked for)."""
+def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries=3,
+                  retry_wait_s=2.0):
+    """Fetch every task in `tasks` that is not already in glue_dir (plus AX when MNLI is asked
+    for)."""
     os.makedirs(glue_dir, exist_ok=True)
     base_url, mrpc_url = base_url.rstrip("/") + "/", mrpc_url.rstrip("/") + "/"
-    get = lambda url, dest: fetch(url, dest, retries=retries, retry_wait_s=retry_wait_s)  # noqa: E731
+    # noqa: E731
+    get = lambda url, dest: fetch(url, dest, retries=retries, retry_wait_s=retry_wait_s)
     for task in tasks:
         if os.path.isfile(os.path.join(glue_dir, task, "train.tsv")):
             print(f"{task}: already in {glue_dir}, not downloaded again")
@@ -400,8 +448,10 @@ def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries
             get(base_url + "mrpc_dev_ids.tsv", os.path.join(folder, "mrpc_dev_ids.tsv"))
             build_mrpc(folder)
         else:
-            if os.path.isdir(os.path.join(glue_dir, task)):  # never delete a user's folder to make room
-                raise ValueError(f"{os.path.join(glue_dir, task)}: exists without train.tsv; remove it and retry")
+            # never delete a user's folder to make room
+            if os.path.isdir(os.path.join(glue_dir, task)):
+                raise ValueError(f"{os.path.join(glue_dir, task)}: exists without train.tsv; "
+                                 "remove it and retry")
             zip_path = get(base_url + ZIPS[task], os.path.join(glue_dir, ZIPS[task]))
             extract_task_zip(zip_path, glue_dir, task)
             os.remove(zip_path)
@@ -419,8 +469,9 @@ def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries
 def join_pair(a, b, ids, max_len):
     """Token lists a, b (or None) -> [CLS] a [SEP] (b [SEP]), at most max_len tokens.
 
-    When too long the longer segment is cut first, ending with the two halves equal (a keeps the extra
-    token of an odd budget), the same result as removing one token at a time from the longer side.
+    When too long the longer segment is cut first, ending with the two halves equal (a keeps the
+    extra token of an odd budget), the same result as removing one token at a time from the longer
+    side.
     """
     if b is None:
         return [ids["cls"]] + a[:max_len - 2] + [ids["sep"]]
@@ -432,15 +483,18 @@ def join_pair(a, b, ids, max_len):
 
 def encode_split(enc, split, ids, max_len, clean=lambda t: t):
     """A parsed split -> list of token-id lists (tiktoken's batch encoder runs on several threads).
-    clean: the same text cleaning the pretraining corpus had (e.g. lowercasing), applied before encoding."""
+    clean: the same text cleaning the pretraining corpus had (e.g. lowercasing), applied before
+    encoding."""
     a = enc.encode_ordinary_batch([clean(t) for t in split["a"]])
     b = enc.encode_ordinary_batch([clean(t) for t in split["b"]]) if split["b"] is not None else [None] * len(a)
-    # int32 arrays take ~5x less memory than lists of Python ints (QQP and MNLI have ~400k pairs each)
+    # int32 arrays take ~5x less memory than lists of Python ints (QQP and MNLI have ~400k pairs
+    # each)
     return [np.array(join_pair(x, y, ids, max_len), dtype=np.int32) for x, y in zip(a, b)]
 
 
 def pad_batch(seqs, pad_id, device):
-    """Right-pad to the longest sequence in this batch: input_ids (B, T) and attention_mask (B, T), 1 = real."""
+    """Right-pad to the longest sequence in this batch: input_ids (B, T) and attention_mask (B, T),
+    1 = real."""
     T = max(len(s) for s in seqs)
     input_ids = np.full((len(seqs), T), pad_id, dtype=np.int64)
     mask = np.zeros((len(seqs), T), dtype=np.int64)
@@ -454,22 +508,33 @@ def pad_batch(seqs, pad_id, device):
 
 
 def lr_factor(step, warmup_steps, total_steps):
-    """Multiplier of the peak lr before optimizer step `step` (0-based): linear warmup from 0, then cosine to 0
-    (train.py's cosine schedule, on a step clock)."""
+    """Multiplier of the peak lr before optimizer step `step` (0-based): linear warmup from 0, then
+    cosine to 0, on a step clock (the same numbers as train.py's cosine schedule)."""
     total = max(1, total_steps)
-    return train.lr_multiplier(step / total, "cosine", warmup_steps / total)
+    p, warmup = step / total, warmup_steps / total
+    # Warmup, as in BERT's recipe (Devlin et al. 2019; its fine-tuning code warms up over 10% of the
+    # steps): a fresh head's first gradients are large and noisy, and full steps on them would
+    # disturb the pretrained trunk
+    if warmup > 0 and p < warmup:
+        return p / warmup
+    # Then one half-period of a cosine down to 0 (SGDR, Loshchilov & Hutter 2017), as cramming's
+    # GLUE protocol does: the lr is near 0 for the last steps, so the last-epoch score is settled
+    q = (p - warmup) / (1.0 - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(q, 1.0)))
 
 
 def autocast(device):
-    """train.py's autocast: bf16 on a GPU that supports it (no loss scaling needed), plain fp32 elsewhere."""
-    dtype = train.autocast_dtype("auto", device)
+    """bf16 on a GPU that supports it, plain fp32 elsewhere (the choice train.py makes)."""
+    # bf16 keeps fp32's exponent range, so no loss scaling is needed; most CPUs are no faster in it
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    dtype = torch.bfloat16 if bf16 else torch.float32
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 @torch.no_grad()
 def predict(net, seqs, pad_id, batch_size, device, classes):
-    """Class ids (argmax) or regression outputs (classes=None) for token lists, batched longest-first so that
-    each batch pads little."""
+    """Class ids (argmax) or regression outputs (classes=None) for token lists, batched
+    longest-first so that each batch pads little."""
     net.eval()
     order = np.argsort([-len(s) for s in seqs], kind="stable")
     out = np.zeros((len(seqs), net.config["num_labels"]), dtype=np.float32)
@@ -484,13 +549,17 @@ def predict(net, seqs, pad_id, batch_size, device, classes):
     return out[:, 0] if classes is None else out.argmax(-1)
 
 
-def finetune(trunk, spec, encoded, labels, settings, seed, device, progress=True, desc=""):
-    """Copy the pretrained trunk, attach a fresh head, train for settings["epochs"] epochs and return the
-    trained model. encoded: token lists of the train split; labels: its (N,) class ids or floats."""
+def finetune(trunk, spec, examples, settings, seed, desc=""):
+    """Copy the pretrained trunk, attach a fresh head, train for settings["epochs"] epochs and
+    return the trained model. examples = (encoded, labels): token lists of the train split and its
+    (N,) class ids or floats. settings: evaluate's, with "device", "pad_id" and "progress"."""
+    encoded, labels = examples
+    device, progress = settings["device"], settings["progress"]
     torch.manual_seed(seed)  # the head init and dropout masks
     net = copy.deepcopy(trunk)
     model.add_classifier(net, 1 if spec["classes"] is None else len(spec["classes"]))
-    model.set_dropout(net, settings["dropout"])  # pretraining runs without dropout; fine-tuning uses it
+    # pretraining runs without dropout; fine-tuning uses it
+    model.set_dropout(net, settings["dropout"])
     net.to(device).train()
     bs, n = settings["batch_size"], len(encoded)
     total = settings["epochs"] * math.ceil(n / bs)
@@ -514,13 +583,15 @@ def finetune(trunk, spec, encoded, labels, settings, seed, device, progress=True
             opt.zero_grad(set_to_none=True)
             bar.update(1)
             if bar.n % 50 == 0:
-                bar.set_postfix(loss=f"{loss.item():.4f}")  # .item() waits for the GPU, so only now and then
+                # .item() waits for the GPU, so only now and then
+                bar.set_postfix(loss=f"{loss.item():.4f}")
     bar.close()
     return net
 
 
 def write_submission(path, index, preds, classes):
-    """The leaderboard format: header `index<TAB>prediction`, labels as the task's strings, STS-B in [0, 5]."""
+    """The leaderboard format: header `index<TAB>prediction`, labels as the task's strings, STS-B in
+    [0, 5]."""
     lines = ["index\tprediction\n"]
     for i, p in zip(index, preds):
         lines.append(f"{i}\t{min(5.0, max(0.0, float(p))):.3f}\n" if classes is None else f"{i}\t{classes[int(p)]}\n")
@@ -531,9 +602,9 @@ def write_submission(path, index, preds, classes):
 
 
 def text_cleaning(checkpoint, clean=None):
-    """The cleaning data.py applied before pretraining (Unicode form, lowercasing, accents), so fine-tuning text
-    looks like pretraining text: `clean` if given, else the `settings.clean` of a meta.json in the checkpoint
-    folder, else data.py's defaults."""
+    """The cleaning data.py applied before pretraining (Unicode form, lowercasing, accents), so
+    fine-tuning text looks like pretraining text: `clean` if given, else the `settings.clean` of a
+    meta.json in the checkpoint folder, else data.py's defaults."""
     if clean is not None:
         return clean, "given"
     path = os.path.join(checkpoint, "meta.json")
@@ -545,8 +616,9 @@ def text_cleaning(checkpoint, clean=None):
     return {}, "data.py defaults"
 
 
-def run_task(name, spec, task_data, net_io, settings, progress=True):
-    """Fine-tune one task settings["seeds"] times. Returns (result dict, {submission name: predictions}).
+def run_task(name, spec, task_data, net_io, settings):
+    """Fine-tune one task settings["seeds"] times. Returns (result dict, {submission name:
+    predictions}).
 
     net_io = (trunk, enc, ids, clean, device). Tokenization happens once here; every seed reuses it.
     """
@@ -554,30 +626,38 @@ def run_task(name, spec, task_data, net_io, settings, progress=True):
     t0, train, max_len = time.time(), task_data["train"], settings["max_len"]
     cap = settings["max_train_examples"]
     if cap and len(train["a"]) > cap:  # a fixed random subset (seed 0) for quick runs
-        train = subset(train, np.sort(np.random.default_rng(0).choice(len(train["a"]), cap, replace=False)))
+        train = subset(train, np.sort(np.random.default_rng(0).choice(len(train["a"]), cap,
+                                                                      replace=False)))
     if spec["classes"] and len(train["a"]) < len(spec["classes"]):
-        raise ValueError(f"{name}: {len(train['a'])} training row(s) for {len(spec['classes'])} classes")
+        raise ValueError(f"{name}: {len(train['a'])} training row(s) for {len(spec['classes'])} "
+                         "classes")
     enc_train = encode_split(enc, train, ids, max_len, clean)
     enc_dev = {k: encode_split(enc, s, ids, max_len, clean) for k, s in task_data["dev"].items()}
     enc_test = {k: encode_split(enc, s, ids, max_len, clean) for k, s in task_data["test"].items()
                 if settings["predict_test"]}  # test sets are only needed for submission files
     runs = []
     for seed in range(settings["seeds"]):
-        net = finetune(trunk, spec, enc_train, train["labels"], settings, seed, device, progress, f"{name} seed {seed}")
+        net = finetune(trunk, spec, (enc_train, train["labels"]), settings, seed,
+                       f"{name} seed {seed}")
         try:
-            preds = {split: {k: predict(net, seqs, ids["pad"], settings["eval_batch_size"], device, spec["classes"])
-                             for k, seqs in encoded.items()} for split, encoded in (("dev", enc_dev), ("test", enc_test))}
+            preds = {split: {k: predict(net, seqs, ids["pad"], settings["eval_batch_size"], device,
+                                        spec["classes"])
+                             for k, seqs in encoded.items()}
+                     for split, encoded in (("dev", enc_dev), ("test", enc_test))}
         except ValueError as e:
             raise ValueError(f"{name}, seed {seed}: {e}") from None
         metrics = task_metrics(spec, preds["dev"], task_data)
         undefined = [k for k, v in metrics.items() if math.isnan(v)]
         if undefined:
-            raise ValueError(f"{name}, seed {seed}: {', '.join(undefined)} undefined on dev: every prediction is the "
-                             "same (the fine-tuned model collapsed; try another --lr or more --epochs)")
+            raise ValueError(f"{name}, seed {seed}: {', '.join(undefined)} undefined on dev: every "
+                             "prediction is the "
+                             "same (the fine-tuned model collapsed; try another --lr or more "
+                             "--epochs)")
         runs.append({"seed": seed, "metrics": metrics, "test": preds["test"]})
         del net
     metrics = {k: float(np.median([r["metrics"][k] for r in runs])) for k in runs[0]["metrics"]}
-    # Test predictions come from the run closest to the median of the headline metric (for odd K: the median run).
+    # Test predictions come from the run closest to the median of the headline metric (for odd K:
+    # the median run).
     headline = [spec["metrics"][0] + (f"_{k}" if k else "") for k in task_data["dev"]]
     per_run = np.array([np.mean([r["metrics"][k] for k in headline]) for r in runs])
     chosen = runs[int(np.argmin(np.abs(per_run - np.median(per_run))))]
@@ -586,7 +666,8 @@ def run_task(name, spec, task_data, net_io, settings, progress=True):
     for k, n in skipped.items():
         if n:
             print(f"{name}: skipped {n} malformed row(s) in {k}")
-    print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()) + f"  ({time.time() - t0:.0f} s)")
+    print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items())
+          + f"  ({time.time() - t0:.0f} s)")
     result = {"metrics": metrics, "per_seed": [{"seed": r["seed"], **r["metrics"]} for r in runs],
               "submission_seed": chosen["seed"], "n_train": len(enc_train),
               "n_dev": {k or "dev": len(v) for k, v in enc_dev.items()}, "skipped_rows": skipped,
@@ -594,19 +675,47 @@ def run_task(name, spec, task_data, net_io, settings, progress=True):
     return result, chosen["test"]
 
 
-def evaluate(checkpoint, glue_dir="glue_data", tasks=None, seeds=5, out=None, epochs=5, lr=4e-5, batch_size=16,
-             warmup=0.1, dropout=0.1, weight_decay=0.0, max_len=128, eval_batch_size=128, max_train_examples=None,
-             include_wnli=False, device=None, task_file=None, task_dev_file=None, task_type="auto", clean=None,
-             progress=True):
-    """Fine-tune `checkpoint` (a folder with config.json, model.pt, tokenizer.json) on each task `seeds` times.
+# evaluate()'s settings: cramming's GLUE-sane protocol (Geiping & Goldstein 2023), whose
+# hyperparameters are set once for all tasks; pass a dict with the keys to change
+DEFAULTS = {
+    "glue_dir": "glue_data",       # folder with CoLA/, SST-2/, ... (download_glue fills it)
+    "seeds": 5,                    # fine-tuning runs per task, median reported: small sets are noisy
+    "out": None,                   # folder for results.json, results.md, submission/*.tsv
+    "epochs": 5,                   # cramming's rule: at most 5 epochs of fine-tuning
+    "lr": 4e-5,                    # peak AdamW lr; BERT picked from 2e-5..5e-5 (Devlin et al. 4.1)
+    "batch_size": 16,              # sequences per step: many updates even on RTE's 2.5k rows
+    "warmup": 0.1,                 # linear warmup over this share of the steps, then cosine to 0
+    "dropout": 0.1,                # on while fine-tuning (off in pretraining), as BERT's 0.1
+    "weight_decay": 0.0,           # none, as cramming's protocol sets it
+    "max_len": 128,                # tokens per input with [CLS]/[SEP] (cramming's max_seq_length)
+    "eval_batch_size": 128,        # no gradients at evaluation, so bigger batches fit
+    "max_train_examples": None,    # a fixed random subset of each training set (quick runs)
+    "include_wnli": False,         # count WNLI in the score (cramming does not: adversarial dev set)
+    "device": None,                # None: cuda if available, else cpu
+    "task_file": None,             # your own TSV task (load_task_file), run after the GLUE tasks
+    "task_dev_file": None,         # its dev TSV; None holds out 10% of its rows
+    "task_type": "auto",           # classification | regression | auto (from the labels)
+    "clean": None,                 # data.clean_text keywords; None: as the checkpoint's meta.json
+    "progress": True,              # progress bars
+}
 
-    Returns the results dict (also written to out/results.json with out/results.md and out/submission/*.tsv):
-    {"tasks": {name: {"metrics": median per metric, "per_seed": [...], ...}}, "glue_score", "glue_convention",
-    "glue_numbers", "submission_files", "missing_submissions", ...}, all metrics in percent.
-    tasks=None means all nine GLUE tasks (or only the task file when one is given). clean: keyword arguments
-    of data.clean_text (default: what the checkpoint's meta.json records, else data.py's defaults).
+
+def evaluate(checkpoint, tasks=None, settings=None):
+    """Fine-tune `checkpoint` (a folder with config.json, model.pt, tokenizer.json) on each task
+    settings["seeds"] times. settings: the keys of DEFAULTS to change.
+
+    Returns the results dict (also written to out/results.json with out/results.md and
+    out/submission/*.tsv):
+    {"tasks": {name: {"metrics": median per metric, "per_seed": [...], ...}}, "glue_score",
+    "glue_convention", "glue_numbers", "submission_files", "missing_submissions", ...}, all metrics
+    in percent. tasks=None means all nine GLUE tasks (or only the task file when one is given).
+    clean: keyword arguments of data.clean_text (default: what the checkpoint's meta.json records,
+    else data.py's defaults).
     """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    given = {**DEFAULTS, **(settings or {})}
+    glue_dir, out, max_len = given["glue_dir"], given["out"], given["max_len"]
+    device = torch.device(given["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
+    task_file = given["task_file"]
     tasks = ([] if task_file else list(TASKS)) if tasks is None else check_tasks(tasks)
     tok_path = os.path.join(checkpoint, "tokenizer.json")
     enc = data.load_tokenizer(tok_path)
@@ -614,42 +723,60 @@ def evaluate(checkpoint, glue_dir="glue_data", tasks=None, seeds=5, out=None, ep
     trunk = model.load_model(checkpoint, device=device)
     cfg = trunk.config
     if enc.n_vocab > model.padded_vocab_size(cfg):
-        raise ValueError(f"{tok_path}: {enc.n_vocab} tokens but the model embeds only {cfg['vocab_size']}")
+        raise ValueError(f"{tok_path}: {enc.n_vocab} tokens but the model embeds only "
+                         f"{cfg['vocab_size']}")
+    # learned and sinusoidal tables end at max_seq_len; rotary, ALiBi and none extrapolate
     if cfg["positions"] in ("learned", "sinusoidal") and max_len > cfg["max_seq_len"]:
-        print(f"max length {max_len} > the model's {cfg['max_seq_len']} positions: using {cfg['max_seq_len']}")
+        print(f"max length {max_len} > the model's {cfg['max_seq_len']} positions: "
+              f"using {cfg['max_seq_len']}")
         max_len = cfg["max_seq_len"]
-    clean, clean_source = text_cleaning(checkpoint, clean)
-    settings = dict(epochs=epochs, lr=lr, batch_size=batch_size, warmup=warmup, dropout=dropout,
-                    weight_decay=weight_decay, max_len=max_len, seeds=seeds, eval_batch_size=eval_batch_size,
-                    max_train_examples=max_train_examples, clean=clean, pad_id=ids["pad"], predict_test=bool(out))
-    print(f"protocol: AdamW lr {lr:g} (betas 0.9/0.98, eps 1e-6, wd {weight_decay:g}), batch {batch_size}, "
-          f"{epochs} epochs, cosine with {warmup:.0%} warmup, dropout {dropout:g}, max length {max_len}, "
-          f"last-epoch dev score, median of {seeds} seed(s), device {device}; text cleaning {clean} ({clean_source})")
+    clean, clean_source = text_cleaning(checkpoint, given["clean"])
+    # the protocol as run (and recorded in results.json), in this order
+    protocol = {k: given[k] for k in ("epochs", "lr", "batch_size", "warmup", "dropout",
+                                      "weight_decay")}
+    protocol.update(max_len=max_len, seeds=given["seeds"], eval_batch_size=given["eval_batch_size"],
+                    max_train_examples=given["max_train_examples"], clean=clean)
+    # what run_task and finetune need besides the protocol; not recorded
+    settings = {**protocol, "pad_id": ids["pad"], "predict_test": bool(out), "device": device,
+                "progress": given["progress"]}
+    print(f"protocol: AdamW lr {protocol['lr']:g} (betas 0.9/0.98, eps 1e-6, "
+          f"wd {protocol['weight_decay']:g}), batch {protocol['batch_size']}, "
+          f"{protocol['epochs']} epochs, cosine with {protocol['warmup']:.0%} warmup, "
+          f"dropout {protocol['dropout']:g}, max length {max_len}, last-epoch dev score, "
+          f"median of {protocol['seeds']} seed(s), device {device}; "
+          f"text cleaning {clean} ({clean_source})")
     net_io = (trunk, enc, ids, lambda t: data.clean_text(t, **clean)[0], device)
 
     results = {"checkpoint": checkpoint, "glue_dir": glue_dir, "units": "percent",
-               "settings": {k: v for k, v in settings.items() if k not in ("pad_id", "predict_test")}, "tasks": {},
-               "submission_files": []}
+               "settings": protocol, "tasks": {}, "submission_files": []}
     missing = {}  # submission name -> why it was not written
     jobs = [(name, TASKS[name], lambda name=name: load_task(name, glue_dir)) for name in tasks]
     if task_file:
-        name, spec, task_data = load_task_file(task_file, task_dev_file, task_type)
+        name, spec, task_data = load_task_file(task_file, given["task_dev_file"],
+                                               given["task_type"])
         jobs.append((name, spec, lambda: task_data))
     for name, spec, load in jobs:
         task_data = load()  # one task at a time in memory: QQP and MNLI are large
-        results["tasks"][name], test_preds = run_task(name, spec, task_data, net_io, settings, progress)
+        results["tasks"][name], test_preds = run_task(name, spec, task_data, net_io, settings)
         missing.update({sub: why for sub, why in task_data["missing_test"]})
         for sub, preds in test_preds.items():  # empty unless out is set
             os.makedirs(os.path.join(out, "submission"), exist_ok=True)
-            write_submission(os.path.join(out, "submission", f"{sub}.tsv"), task_data["test"][sub]["index"], preds,
-                             spec["classes"])
+            write_submission(os.path.join(out, "submission", f"{sub}.tsv"),
+                             task_data["test"][sub]["index"], preds, spec["classes"])
             results["submission_files"].append(f"{sub}.tsv")
+    return report(results, missing, out, given["include_wnli"])
 
-    numbers = {sub: results["tasks"][t]["metrics"][key] for t, spec in TASKS.items() if t in results["tasks"]
-               and (t != "WNLI" or include_wnli) for sub, key in spec["score"].items()}
+
+def report(results, missing, out, include_wnli):
+    """Add the GLUE score and the missing submission files to results, print the table and write
+    out/results.json and out/results.md when out is set. Returns results."""
+    numbers = {sub: results["tasks"][t]["metrics"][key]
+               for t, spec in TASKS.items() if t in results["tasks"] and (t != "WNLI" or include_wnli)
+               for sub, key in spec["score"].items()}
     score, convention = glue_score(numbers, include_wnli)
     results.update(glue_score=score, glue_convention=convention, glue_numbers=numbers)
-    ran_glue = any(t in TASKS for t in results["tasks"])  # a --task-file run alone makes no leaderboard files
+    # a --task-file run alone makes no leaderboard files
+    ran_glue = any(t in TASKS for t in results["tasks"])
     results["missing_submissions"] = {} if not (out and ran_glue) else {
         sub: missing.get(sub, "its task was not run") for sub in SUBMISSION_FILES
         if f"{sub}.tsv" not in results["submission_files"]}
@@ -661,7 +788,8 @@ def evaluate(checkpoint, glue_dir="glue_data", tasks=None, seeds=5, out=None, ep
         os.makedirs(out, exist_ok=True)
         write_text(os.path.join(out, "results.json"), json.dumps(results, indent=2) + "\n")
         write_text(os.path.join(out, "results.md"), table)
-        print(f"wrote {out}/results.json, {out}/results.md and {len(results['submission_files'])} submission file(s)")
+        print(f"wrote {out}/results.json, {out}/results.md and "
+              f"{len(results['submission_files'])} submission file(s)")
     return results
 
 
@@ -669,11 +797,14 @@ def markdown_table(results):
     """One row per reported number: median over seeds, then each seed's value."""
     s = results["settings"]
     lines = [f"# GLUE dev results for `{results['checkpoint']}`", "",
-             f"lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']} epochs, cosine with {s['warmup']:.0%} warmup, "
-             f"dropout {s['dropout']:g}, max length {s['max_len']}; median of {s['seeds']} seed(s); percent.", "",
+             f"lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']} epochs, cosine with "
+             f"{s['warmup']:.0%} warmup, "
+             f"dropout {s['dropout']:g}, max length {s['max_len']}; median of {s['seeds']} "
+             "seed(s); percent.", "",
              "| task | metric | median | per seed |", "|---|---|---:|---|"]
     for name, r in results["tasks"].items():
-        in_score = {key for sub, key in TASKS[name]["score"].items() if sub in results["glue_numbers"]} \
+        in_score = {key for sub,
+                    key in TASKS[name]["score"].items() if sub in results["glue_numbers"]} \
             if name in TASKS else set()
         for k, v in r["metrics"].items():
             mark = "" if k in in_score else " (not in score)"
@@ -690,11 +821,14 @@ def check_args(parser, args):
     """One-line errors for flags that parse but cannot give a score, before any file is read."""
     rules = [("seeds", args.seeds >= 1, ">= 1"), ("epochs", args.epochs >= 1, ">= 1"),
              ("lr", args.lr > 0 and math.isfinite(args.lr), "a positive number"),
-             ("batch_size", args.batch_size >= 1, ">= 1"), ("eval_batch_size", args.eval_batch_size >= 1, ">= 1"),
-             ("warmup", 0 <= args.warmup < 1, "in [0, 1)"), ("dropout", 0 <= args.dropout < 1, "in [0, 1)"),
+             ("batch_size", args.batch_size >= 1, ">= 1"), ("eval_batch_size",
+                                                            args.eval_batch_size >= 1, ">= 1"),
+             ("warmup", 0 <= args.warmup < 1, "in [0, 1)"), ("dropout", 0 <= args.dropout < 1,
+                                                             "in [0, 1)"),
              ("weight_decay", args.weight_decay >= 0, ">= 0"),
              ("max_len", args.max_len >= 8, ">= 8 (room for [CLS], [SEP] and the text)"),
-             ("max_train_examples", args.max_train_examples == -1 or args.max_train_examples >= 1, ">= 1 or -1 (all)"),
+             ("max_train_examples", args.max_train_examples == -1 or args.max_train_examples >= 1,
+              ">= 1 or -1 (all)"),
              ("retries", args.retries >= 1, ">= 1")]
     for name, ok, rule in rules:
         if not ok:
@@ -703,43 +837,72 @@ def check_args(parser, args):
         parser.error("--task-dev-file needs --task-file")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="evaluate_glue.py", description="GLUE fine-tuning and scoring (cramming's "
-                                "GLUE-sane protocol).", usage="%(prog)s --checkpoint DIR [flags]  (--help lists them)")
+def make_parser():
+    """The command line; the defaults are DEFAULTS' (cramming's GLUE-sane protocol)."""
+    p = argparse.ArgumentParser(prog="evaluate_glue.py",
+                                description="GLUE fine-tuning and scoring (cramming's "
+                                "GLUE-sane protocol).",
+                                usage="%(prog)s --checkpoint DIR [flags]  (--help lists them)")
     # Inputs
-    p.add_argument("--checkpoint", help="pretrained run folder holding config.json, model.pt and tokenizer.json")
-    p.add_argument("--glue-dir", default="glue_data", help="folder with CoLA/, SST-2/, ... (default glue_data)")
-    p.add_argument("--tasks", default=None, help=f"comma-separated subset of {','.join(TASKS)} (default all nine)")
-    p.add_argument("--task-file", default=None, help="your own headed TSV task: sentence or sentence1[,sentence2], "
+    p.add_argument("--checkpoint",
+                   help="pretrained run folder holding config.json, model.pt and tokenizer.json")
+    p.add_argument("--glue-dir", default="glue_data",
+                   help="folder with CoLA/, SST-2/, ... (default glue_data)")
+    p.add_argument("--tasks", default=None,
+                   help=f"comma-separated subset of {','.join(TASKS)} (default all nine)")
+    p.add_argument("--task-file", default=None,
+                   help="your own headed TSV task: sentence or sentence1[,sentence2], "
                    "label (class name or float)")
-    p.add_argument("--task-dev-file", default=None, help="dev TSV for --task-file (default: hold out 10%% of rows)")
+    p.add_argument("--task-dev-file", default=None,
+                   help="dev TSV for --task-file (default: hold out 10%% of rows)")
     p.add_argument("--task-type", default="auto", choices=("auto", "classification", "regression"),
-                   help="label type of --task-file (auto: regression iff some label is a non-integer number)")
+                   help="label type of --task-file (auto: regression iff some label is a "
+                        "non-integer number)")
     # Protocol (defaults: cramming GLUE-sane)
-    p.add_argument("--seeds", type=int, default=5, help="fine-tuning runs per task; the median is reported")
+    p.add_argument("--seeds", type=int, default=5,
+                   help="fine-tuning runs per task; the median is reported")
     p.add_argument("--epochs", type=int, default=5, help="passes over each training set")
     p.add_argument("--lr", type=float, default=4e-5, help="peak AdamW learning rate")
     p.add_argument("--batch-size", type=int, default=16, help="training batch size in sequences")
-    p.add_argument("--warmup", type=float, default=0.1, help="linear warmup as a fraction of all steps, then cosine")
-    p.add_argument("--dropout", type=float, default=0.1, help="dropout probability during fine-tuning")
+    p.add_argument("--warmup", type=float, default=0.1,
+                   help="linear warmup as a fraction of all steps, then cosine")
+    p.add_argument("--dropout", type=float, default=0.1,
+                   help="dropout probability during fine-tuning")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--max-len", type=int, default=128, help="max tokens per input including [CLS]/[SEP]")
-    p.add_argument("--lowercase", action="store_true", default=None, help="lowercase GLUE text (default: as the "
-                   "checkpoint's meta.json records, else no); set it if the pretraining corpus was lowercased")
-    p.add_argument("--strip-accents", action="store_true", default=None, help="strip accents (default: as recorded)")
-    p.add_argument("--include-wnli", action="store_true", help="count WNLI accuracy in the GLUE score (cramming: no)")
+    p.add_argument("--max-len", type=int, default=128,
+                   help="max tokens per input including [CLS]/[SEP]")
+    p.add_argument("--lowercase", action="store_true", default=None, help="lowercase GLUE text "
+                                                                          "(default: as the "
+                   "checkpoint's meta.json records, else no); set it if the pretraining corpus was "
+                   "lowercased")
+    p.add_argument("--strip-accents", action="store_true", default=None, help="strip accents "
+                                                                              "(default: as "
+                                                                              "recorded)")
+    p.add_argument("--include-wnli", action="store_true", help="count WNLI accuracy in the GLUE "
+                                                               "score (cramming: no)")
     # Speed
-    p.add_argument("--eval-batch-size", type=int, default=128, help="sequences per evaluation batch")
-    p.add_argument("--max-train-examples", type=int, default=-1, help="train on a fixed random subset (-1 = all)")
+    p.add_argument("--eval-batch-size", type=int, default=128, help="sequences per evaluation "
+                                                                    "batch")
+    p.add_argument("--max-train-examples", type=int, default=-1, help="train on a fixed random "
+                                                                      "subset (-1 = all)")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     # Download
-    p.add_argument("--download", action="store_true", help="fetch the missing task folders into --glue-dir first")
-    p.add_argument("--download-url", default=GLUE_URL, help="base URL of the GLUE zips, AX.tsv and mrpc_dev_ids.tsv")
-    p.add_argument("--mrpc-url", default=MRPC_URL, help="base URL of SentEval's msr_paraphrase_{train,test}.txt")
+    p.add_argument("--download", action="store_true", help="fetch the missing task folders into "
+                                                           "--glue-dir first")
+    p.add_argument("--download-url", default=GLUE_URL, help="base URL of the GLUE zips, AX.tsv and "
+                                                            "mrpc_dev_ids.tsv")
+    p.add_argument("--mrpc-url", default=MRPC_URL, help="base URL of SentEval's "
+                                                        "msr_paraphrase_{train,test}.txt")
     p.add_argument("--retries", type=int, default=3, help="download attempts per file")
     # Output
-    p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and submission/*.tsv")
+    p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and "
+                                                      "submission/*.tsv")
+    return p
+
+
+def main(argv=None):
+    p = make_parser()
     args = p.parse_args(argv)
     check_args(p, args)
 
@@ -752,15 +915,14 @@ def main(argv=None):
             if not args.checkpoint:
                 return None
         if not args.checkpoint:
-            raise ValueError("--checkpoint is required (a pretrained run folder), unless --download alone is used")
-        return evaluate(args.checkpoint, args.glue_dir, tasks=tasks, seeds=args.seeds, out=args.out,
-                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, warmup=args.warmup,
-                        dropout=args.dropout, weight_decay=args.weight_decay, max_len=args.max_len,
-                        eval_batch_size=args.eval_batch_size,
-                        max_train_examples=args.max_train_examples if args.max_train_examples > 0 else None,
-                        include_wnli=args.include_wnli, device=args.device, task_file=args.task_file,
-                        task_dev_file=args.task_dev_file, task_type=args.task_type, clean=clean,
-                        progress=not args.no_progress)
+            raise ValueError("--checkpoint is required (a pretrained run folder), unless "
+                             "--download alone is used")
+        # the flags by DEFAULTS' names (-1, "all rows", becomes None)
+        settings = {k: getattr(args, k) for k in DEFAULTS if hasattr(args, k)}
+        settings.update(max_train_examples=args.max_train_examples
+                        if args.max_train_examples > 0 else None,
+                        clean=clean, progress=not args.no_progress)
+        return evaluate(args.checkpoint, tasks, settings)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 

@@ -1,62 +1,77 @@
-"""grow.py: grow a Transformer while it trains (depth, width, heads, feed-forward width, sequence length),
-and carry the AdamW state across each growth event.
+"""grow.py: grow a Transformer while it trains (depth, width, heads, feed-forward width, sequence
+length), and carry the AdamW state across each growth event.
 
-Why: a small model learns faster per second early on, so training a shrunk model first and growing it toward the
-target can reach the target's loss sooner. CompoundGrow (Gu et al. 2021) reports 73.6% (BERT-base) and 82.2%
-(BERT-large) faster pretraining by growing depth, FFN width and input length together; StackBERT (Gong et al. 2019),
-bert2BERT (Chen et al. 2022), staged training (Shen et al. 2022), LiGO (Wang et al. 2023), MSG (Yao et al. 2024)
-and G_stack (Du et al. 2024) report 20-120%. No Train No Gain (Kaddour et al. 2023) found no gain from stacking once
-the learning rate is fully decayed within a fixed budget, so measure it on your budget: bench/bench_grow.py.
+Why: a small model learns faster per second early on, so training a shrunk model first and growing
+it toward the target can reach the target's loss sooner. CompoundGrow (Gu et al. 2021) reports 73.6%
+(BERT-base) and 82.2% (BERT-large) faster pretraining by growing depth, FFN width and input length
+together; StackBERT (Gong et al. 2019), bert2BERT (Chen et al. 2022), staged training (Shen et al.
+2022), LiGO (Wang et al. 2023), MSG (Yao et al. 2024) and G_stack (Du et al. 2024) report 20-120%.
+No Train No Gain (Kaddour et al. 2023) found no gain from stacking once the learning rate is fully
+decayed within a fixed budget, so measure it on your budget: bench/bench_grow.py.
 
 How train.py uses it (`--grow SCHEDULE`):
 
-    stages = grow.parse_schedule("0:n_layers=4,d_model=384; 0.25:n_layers=8; 0.5:n_layers=16,d_model=768", cfg)
-    net = model.build_model(stages[0]["config"])               # the first stage (at 0) is the starting model
+    stages = grow.parse_schedule("0:n_layers=4,d_model=384; 0.25:n_layers=8; "
+                                 "0.5:n_layers=16,d_model=768", cfg)
+    net = model.build_model(stages[0]["config"])   # the first stage (at 0) is the starting model
     ...  # at the first step whose progress = elapsed / budget passes stages[i]["at"], i >= 1:
-    net, optimizer, event = grow.apply_stage(net, optimizer, stages[i], make_optimizer)
-    # then rebuild torch.compile / DDP wrappers, set the loader's sequence length to net.config["max_seq_len"],
-    # log `event` (plus the loss just before and after), and optionally scale the learning rate by
+    net, optimizer, event = grow.apply_stage(net, optimizer, stages[i], make_optimizer,
+                                             {"noise": 0.0, "policy": "carry"})  # GROW_OPTIONS
+    # then rebuild torch.compile / DDP wrappers, set the loader's sequence length to
+    # net.config["max_seq_len"], log `event` (plus the loss just before and after), and optionally scale the learning rate by
     # grow.rewarm_factor(progress, stages[i]["at"], rewarm) for a short re-warmup.
 
 apply_stage = grow_model (weights) + grow_optimizer (AdamW state); both are public:
     grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100) -> (new_model, mapping)
-    grow_optimizer(old_opt, old_model, new_model, mapping, make_optimizer, policy="carry", new_moments="zero")
-The grown model is model.build_model(new_cfg) with its state dict filled in, so its config is exactly that of a
-fresh model of the new size: it saves, loads and fine-tunes like any other.
+    grow_optimizer(old_opt, old_model, new_model, mapping, make_optimizer,
+                   {"policy": "carry", "new_moments": "zero"})
+The grown model is model.build_model(new_cfg) with its state dict filled in, so its config is
+exactly that of a fresh model of the new size: it saves, loads and fine-tunes like any other.
 
-Operators, and when each preserves the function (max |delta logits| <= 1e-5 in fp32, eval mode; tests/test_grow.py):
-  depth  method="stack"      new layer i copies old layer i mod L (StackBERT, CompoundGrow, G_stack). Not preserving.
-         method="interleave" new layer i copies old layer floor(i L / L') (StackBERT/staged-training "alternate").
+Operators, and when each preserves the function (max |delta logits| <= 1e-5 in fp32, eval mode;
+tests/test_grow.py):
+  depth  method="stack"      new layer i copies old layer i mod L (StackBERT, CompoundGrow,
+                             G_stack). Not preserving.
+         method="interleave" new layer i copies old layer floor(i L / L') (StackBERT/staged
+                             training "alternate").
                              Not preserving.
-         method="zero"       interleave, and each inserted copy gets zero output projections (out, down): a pre-LN
-                             block x + F(LN(x)) with F's last matmul zero is the identity. Preserving; pre-LN only.
-         method="msg"        copies appended on top behind a gate x <- c Block(x) + (1 - c) x, c ramping 0 -> 1
-                             over `ramp` training forward passes (MSG). Preserving at c = 0; pre- and post-LN.
-  ffn    f -> f' (any f' >= f): unit j copies unit j mod f, the down-projection columns of the copies divided by
-         the copy count (Net2Net, CompoundGrow's FFN sharing). Preserving for every model option.
-  hidden d -> d' with the head size fixed, so heads H -> H' = d'/hd: residual coordinate i copies i mod d, head j
-         copies head j mod H, the matmuls reading copies divided by the copy count (Net2Net / bert2BERT FPI), and the
-         final norm divided too so the tied decoder sums the copies back (staged training). LayerNorm and RMSNorm
-         statistics are unchanged only if every coordinate has the same number of copies, so it preserves the
-         function when d'/d is an integer and positions are learned, rotary or none. Not with scaled sinusoidal
-         positions (a fresh model of width d' has different sinusoids, sized by d) nor ALiBi (slopes depend on the
-         head count). Non-integer factors are approximate (bert2BERT's "almost the same"). Pre-LN only.
-  seq    T -> T': learned position rows >= T copy row i mod T (old rows bitwise); sinusoidal tables are rebuilt
-         (identical first rows); rotary, ALiBi and none need nothing. Preserving for inputs of length <= T.
-  noise  > 0 adds N(0, noise^2) to the input weights of copied units (token/position embedding columns, q/k/v
-         rows of new heads, up-projection rows of new FFN units): exact copies get identical gradients and stay
-         copies forever (staged training's symmetry caveat), the noise breaks that at an O(noise) change.
+         method="zero"       interleave, and each inserted copy gets zero output projections (out,
+                             down): a pre-LN block x + F(LN(x)) with F's last matmul zero is the
+                             identity. Preserving; pre-LN only.
+         method="msg"        copies appended on top behind a gate x <- c Block(x) + (1 - c) x, c
+                             ramping 0 -> 1 over `ramp` training forward passes (MSG). Preserving at
+                             c = 0; pre- and post-LN.
+  ffn    f -> f' (any f' >= f): unit j copies unit j mod f, the down-projection columns of the
+         copies divided by the copy count (Net2Net, CompoundGrow's FFN sharing). Preserving for
+         every model option.
+  hidden d -> d' with the head size fixed, so heads H -> H' = d'/hd: residual coordinate i copies i
+         mod d, head j copies head j mod H, the matmuls reading copies divided by the copy count
+         (Net2Net / bert2BERT FPI), and the final norm divided too so the tied decoder sums the
+         copies back (staged training). LayerNorm and RMSNorm statistics are unchanged only if every
+         coordinate has the same number of copies, so it preserves the function when d'/d is an
+         integer and positions are learned, rotary or none. Not with scaled sinusoidal positions (a
+         fresh model of width d' has different sinusoids, sized by d) nor ALiBi (slopes depend on
+         the head count). Non-integer factors are approximate (bert2BERT's "almost the same").
+         Pre-LN only.
+  seq    T -> T': learned position rows >= T copy row i mod T (old rows bitwise); sinusoidal tables
+         are rebuilt (identical first rows); rotary, ALiBi and none need nothing. Preserving for
+         inputs of length <= T.
+  noise  > 0 adds N(0, noise^2) to the input weights of copied units (token/position embedding
+         columns, q/k/v rows of new heads, up-projection rows of new FFN units): exact copies get
+         identical gradients and stay copies forever (staged training's symmetry caveat), the noise
+         breaks that at an O(noise) change.
 Classification heads are not grown (growth is for pretraining); attach them after.
 
-Optimizer (grow_optimizer): policy="fresh" builds a new optimizer (StackBERT, CompoundGrow, G_stack). policy="carry"
-maps AdamW moments through the same index maps as the weights and keeps the step count (MSG); untouched tensors
-keep bitwise-equal moments. new_moments="zero": copied coordinates start at zero moments, whole new tensors start a
-fresh Adam state; new_moments="scaled": copies inherit their source's moments scaled the way their gradients scale
-(duplicated units share the gradient: m / c, v / c^2; units whose weights were divided keep it; staged training).
-Rebuilding parameters invalidates the old optimizer's references, which is why a new optimizer is always built.
+Optimizer (grow_optimizer): policy="fresh" builds a new optimizer (StackBERT, CompoundGrow,
+G_stack). policy="carry" maps AdamW moments through the same index maps as the weights and keeps the
+step count (MSG); untouched tensors keep bitwise-equal moments. new_moments="zero": copied
+coordinates start at zero moments, whole new tensors start a fresh Adam state; new_moments="scaled":
+copies inherit their source's moments scaled the way their gradients scale (duplicated units share
+the gradient: m / c, v / c^2; units whose weights were divided keep it; staged training). Rebuilding
+parameters invalidates the old optimizer's references, which is why a new optimizer is always built.
 
-Shapes: L layers, d hidden, H heads, hd = d / H head size, f FFN width, T max sequence length, V padded vocab.
-Primes mark the grown sizes.
+Shapes: L layers, d hidden, H heads, hd = d / H head size, f FFN width, T max sequence length, V
+padded vocab. Primes mark the grown sizes.
 """
 import time
 
@@ -67,8 +82,10 @@ import model as M
 # -----------------------------------------------------------------------------
 # Schedules: stages at fractions of the time budget
 
-GROWN_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len")  # the config keys a schedule may grow
-KEY_ALIASES = {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "ffn": "ffn_dim", "seq": "max_seq_len"}
+# the config keys a schedule may grow
+GROWN_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len")
+KEY_ALIASES = {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "ffn": "ffn_dim",
+               "seq": "max_seq_len"}
 METHODS = ("stack", "interleave", "zero", "msg")
 
 SCHEDULE_HELP = """\
@@ -86,12 +103,12 @@ def preset_schedule(name, cfg):
     """Schedule text of a named preset, growing toward the target config cfg.
 
     compound: CompoundGrow's finding (Gu et al. 2021) is that shrinking several dimensions at once
-      beats shrinking one; it grows depth by stacking, the FFN by parameter sharing and the input length.
-      The paper's exact stage split for BERT-base is not reproduced here; this preset spends 40% of the budget
-      on two cheap stages and 60% on the full model.
-    gstack: G_stack (Du et al. 2024) stacks a model of L/4 layers 4x (growth factor g = 4 was best there).
-      Their formula for when to grow is fitted at >= 1e20 FLOPs and overshoots the whole budget at single-GPU
-      scale, so this preset grows at a quarter of the budget.
+      beats shrinking one; it grows depth by stacking, the FFN by parameter sharing and the input
+      length. The paper's exact stage split for BERT-base is not reproduced here; this preset spends
+      40% of the budget on two cheap stages and 60% on the full model.
+    gstack: G_stack (Du et al. 2024) stacks a model of L/4 layers 4x (growth factor g = 4 was best
+      there). Their formula for when to grow is fitted at >= 1e20 FLOPs and overshoots the whole
+      budget at single-GPU scale, so this preset grows at a quarter of the budget.
     """
     L, f, T = cfg["n_layers"], cfg["ffn_dim"], cfg["max_seq_len"]
     q = lambda n, k: max(1, n // k)  # noqa: E731
@@ -104,10 +121,11 @@ def preset_schedule(name, cfg):
 
 
 def parse_schedule(text, base_cfg):
-    """'0:n_layers=4,max_seq_len=64; 0.5:n_layers=8' (or a preset name) -> [{"at", "config", "method"}, ...].
+    """'0:n_layers=4,max_seq_len=64; 0.5:n_layers=8' (or a preset name) -> [{"at", "config",
+    "method"}, ...].
 
-    Every config is a full validated model config; base_cfg (the target, e.g. make_config("base")) fills in what
-    the schedule leaves out. Raises ValueError naming the stage and what is wrong."""
+    Every config is a full validated model config; base_cfg (the target, e.g. make_config("base"))
+    fills in what the schedule leaves out. Raises ValueError naming the stage and what is wrong."""
     base_cfg = M.validate_config(base_cfg)
     text = text.strip()
     if text in ("compound", "gstack"):
@@ -119,7 +137,8 @@ def parse_schedule(text, base_cfg):
         try:
             at = float(at_text)
         except ValueError:
-            raise ValueError(f"{where}: expected 'AT:KEY=VALUE,...' with AT a fraction of the budget") from None
+            raise ValueError(f"{where}: expected 'AT:KEY=VALUE,...' with AT a fraction of the "
+                             "budget") from None
         if not sep or not 0.0 <= at < 1.0:
             raise ValueError(f"{where}: expected 'AT:KEY=VALUE,...' with 0 <= AT < 1")
         if n == 0 and at != 0.0:
@@ -135,13 +154,16 @@ def parse_schedule(text, base_cfg):
             elif key in GROWN_KEYS and value.isdigit() and int(value) > 0:
                 values[key] = int(value)
             else:
-                raise ValueError(f"{where}: bad item {item!r}; keys: {', '.join(GROWN_KEYS)} (positive integers)"
+                raise ValueError(f"{where}: bad item {item!r}; keys: {', '.join(GROWN_KEYS)} "
+                                 "(positive integers)"
                                  f" or method ({'|'.join(METHODS)})")
         cfg = dict(prev, **values)
         if "d_model" in values and "n_heads" not in values:
-            head = prev["d_model"] // prev["n_heads"]     # heads follow the width at a fixed head size
+            # heads follow the width at a fixed head size
+            head = prev["d_model"] // prev["n_heads"]
             if values["d_model"] % head:
-                raise ValueError(f"{where}: d_model={values['d_model']} is not a multiple of the head size {head}")
+                raise ValueError(f"{where}: d_model={values['d_model']} is not a multiple of the "
+                                 f"head size {head}")
             cfg["n_heads"] = values["d_model"] // head
         try:
             cfg = M.validate_config(cfg)
@@ -152,50 +174,69 @@ def parse_schedule(text, base_cfg):
         stages.append({"at": at, "config": cfg, "method": method or "stack"})
         prev = cfg
     if not stages:
-        raise ValueError("grow schedule: empty; expected e.g. '0:n_layers=4; 0.5:n_layers=8' or a preset name")
+        raise ValueError("grow schedule: empty; expected e.g. '0:n_layers=4; 0.5:n_layers=8' or a "
+                         "preset name")
     return stages
 
 
 def check_growth(old, new, where="grow.py"):
-    """Raise ValueError unless new is old with some of layers/width/heads/ffn/seq grown and the head size kept."""
+    """Raise ValueError unless new is old with some of layers/width/heads/ffn/seq grown and the head
+    size kept."""
     for key in old:
         if key not in GROWN_KEYS and old[key] != new[key]:
-            raise ValueError(f"{where}: growth cannot change {key!r} ({old[key]!r} -> {new[key]!r})")
+            raise ValueError(f"{where}: growth cannot change {key!r} ({old[key]!r} -> "
+                             f"{new[key]!r})")
         if key in GROWN_KEYS and new[key] < old[key]:
-            raise ValueError(f"{where}: {key} shrinks from {old[key]} to {new[key]}; growth never shrinks")
+            raise ValueError(f"{where}: {key} shrinks from {old[key]} to {new[key]}; growth never "
+                             "shrinks")
     if old["d_model"] // old["n_heads"] != new["d_model"] // new["n_heads"]:
         raise ValueError(f"{where}: the head size d_model/n_heads must stay "
-                         f"{old['d_model'] // old['n_heads']} (got {new['d_model'] // new['n_heads']}); "
+                         f"{old['d_model'] // old['n_heads']} (got "
+                         f"{new['d_model'] // new['n_heads']}); "
                          "widening heads changes the 1/sqrt(hd) attention scale")
     if old["num_labels"]:
-        raise ValueError(f"{where}: grow the pretrained model before adding a classifier (num_labels must be 0)")
+        raise ValueError(f"{where}: grow the pretrained model before adding a classifier "
+                         "(num_labels must be 0)")
     if new["d_model"] > old["d_model"] and old["norm_position"] != "pre":
-        raise ValueError(f"{where}: hidden-size growth needs norm_position 'pre' (the final norm carries the 1/copies"
+        raise ValueError(f"{where}: hidden-size growth needs norm_position 'pre' (the final norm "
+                         "carries the 1/copies"
                          " scale for the tied decoder)")
 
 
 def rewarm_factor(progress, at, rewarm):
-    """Learning-rate multiplier for a short linear re-warmup after the growth at fraction `at` of the budget:
-    0 at the growth, 1 after `rewarm` more of the budget (staged training re-warms 150-200 steps; growth.md
-    suggests 1-2% of the remaining steps). rewarm <= 0 disables it."""
+    """Learning-rate multiplier for a short linear re-warmup after the growth at fraction `at` of
+    the budget:
+    0 at the growth, 1 after `rewarm` more of the budget (staged training re-warms 150-200 steps;
+    growth.md suggests 1-2% of the remaining steps). rewarm <= 0 disables it."""
     if rewarm <= 0:
         return 1.0
     return min(1.0, max(0.0, (progress - at) / rewarm))
 
 
-# -----------------------------------------------------------------------------
-# When to grow, decided from the run (--grow-when auto)
-#
-# Staged training (Shen et al. 2022, sec. 4) grows when the small model's training efficiency drops: it tracks the
-# slope s = d log L / d log C of the held-out loss against training compute and grows once s rises above a
-# threshold (-0.0575 for depth, -0.0475 for width there, found on GPT-2 scaling curves). Under L ~ C^s a model
-# whose slope has flattened to s buys less loss per FLOP than a larger one would at the same loss, which still
-# descends on the steeper part of its own curve. No paper ships a rule for a wall-clock budget, so the stages'
-# fractions become deadlines instead: stage k starts at the latest at AUTO_LATEST * k / (stages - 1) of the budget.
+# ----------------------------------------------------------------------------- When to grow,
+# decided from the run (--grow-when auto)  Staged training (Shen et al. 2022, sec. 4) grows when the
+# small model's training efficiency drops: it tracks the slope s = d log L / d log C of the held-out
+# loss against training compute and grows once s rises above a threshold (-0.0575 for depth, -0.0475
+# for width there, found on GPT-2 scaling curves). Under L ~ C^s a model whose slope has flattened
+# to s buys less loss per FLOP than a larger one would at the same loss, which still descends on the
+# steeper part of its own curve. No paper ships a rule for a wall-clock budget, so the stages'
+# fractions become deadlines instead: stage k starts at the latest at AUTO_LATEST * k / (stages - 1)
+# of the budget.
 
 AUTO_THRESHOLD = -0.05   # between staged training's depth and width thresholds
 AUTO_WINDOW = 3          # evaluations of the current stage the slope is fitted over
 AUTO_LATEST = 0.6        # the full model gets at least 40% of the budget
+
+# How apply_stage grows (train.py fills these from --grow-noise, --seed, --grow-optimizer,
+# --grow-moments); grow_model and grow_optimizer document each choice
+GROW_OPTIONS = {
+    "method": None,          # depth operator; None: the stage's own, else "stack" (StackBERT)
+    "noise": 0.0,            # std of noise on copied input weights: breaks the symmetry of copies
+    "seed": 0,               # seeds that noise, so a grown run is reproducible
+    "ramp": 100,             # forward passes over which an MSG gate opens from 0 to 1
+    "policy": "carry",       # carry AdamW's moments and step count across growth (MSG) or "fresh"
+    "new_moments": "zero",   # copied coordinates start at zero moments, or "scaled" ones
+}
 
 
 def loss_slope(points):
@@ -211,29 +252,34 @@ def auto_deadline(next_stage, n_stages, latest=AUTO_LATEST):
     return latest * next_stage / (n_stages - 1)
 
 
-def auto_should_grow(points, progress, next_stage, n_stages, threshold=AUTO_THRESHOLD, window=AUTO_WINDOW,
-                     latest=AUTO_LATEST):
-    """(grow now?, why) for the current stage, given its held-out evaluations [(flops, loss), ...] in order:
-    "deadline" once progress reaches the stage's deadline, "slope" once the last `window` evaluations' slope
-    is above `threshold`, else (False, None). Never past the last stage: next_stage must exist."""
+def auto_should_grow(points, progress, next_stage, n_stages, threshold=AUTO_THRESHOLD):
+    """(grow now?, why) for the current stage, given its held-out evaluations [(flops, loss), ...]
+    in order:
+    "deadline" once progress reaches the stage's deadline, "slope" once the slope of the last
+    AUTO_WINDOW evaluations is above `threshold`, else (False, None). Never past the last stage:
+    next_stage must exist."""
     if next_stage >= n_stages:
         return False, None
-    if progress >= auto_deadline(next_stage, n_stages, latest):
+    # the deadline first: a stage whose loss never flattens must still hand over in time
+    if progress >= auto_deadline(next_stage, n_stages):
         return True, "deadline"
-    if len(points) >= window and loss_slope(points[-window:]) > threshold:
+    # a slope above the (negative) threshold: this stage now buys little loss per FLOP
+    if len(points) >= AUTO_WINDOW and loss_slope(points[-AUTO_WINDOW:]) > threshold:
         return True, "slope"
     return False, None
 
 
 def preserves_function(old, new, method="stack", noise=0.0):
-    """Whether growing old -> new with these options keeps logits equal (eval mode, inputs <= old max_seq_len).
-    This is the claim tests/test_grow.py checks; see the module docstring for why each case is or is not."""
+    """Whether growing old -> new with these options keeps logits equal (eval mode, inputs <= old
+    max_seq_len). This is the claim tests/test_grow.py checks; see the module docstring for why each
+    case is or is not."""
     if noise > 0:
         return False
     if new["n_layers"] > old["n_layers"] and method in ("stack", "interleave"):
         return False
     if new["d_model"] > old["d_model"]:
-        return new["d_model"] % old["d_model"] == 0 and old["positions"] in ("learned", "rotary", "none")
+        return new["d_model"] % old["d_model"] == 0 and old["positions"] in ("learned", "rotary",
+                                                                             "none")
     return True
 
 
@@ -241,41 +287,49 @@ def preserves_function(old, new, method="stack", noise=0.0):
 # Index maps: which old unit each new unit copies, and how values and moments scale
 
 def unit_map(n_old, n_new):
-    """(n_new,) index: the first n_old units are the originals, unit j >= n_old copies unit j mod n_old
-    (round-robin, like CompoundGrow's tiling and staged training's [W, W]; Net2Net samples it at random)."""
+    """(n_new,) index: the first n_old units are the originals, unit j >= n_old copies unit j mod
+    n_old (round-robin, like CompoundGrow's tiling and staged training's [W, W]; Net2Net samples it
+    at random)."""
     return torch.arange(n_new) % n_old
 
 
 def replicas(index):
-    """(n,) bool: True where index repeats an earlier entry, i.e. the unit is a new copy rather than the original."""
+    """(n,) bool: True where index repeats an earlier entry, i.e. the unit is a new copy rather than
+    the original."""
     n = len(index)
     first = torch.full((int(index.max()) + 1,), n).scatter_reduce(0, index, torch.arange(n), "amin")
     return torch.arange(n) != first[index]
 
 
 def spec(index, n_old, kind):
-    """How one tensor dimension grows. index (n_new,) picks old entries; kind says how copies are scaled:
-      "dup":    outputs duplicated (incoming weights, embedding columns, norm affines). Values copied. Each copy
-                receives 1/c of the original's gradient, so carried moments scale by 1/c (m) and 1/c^2 (v).
-      "split":  inputs duplicated (outgoing weights reading c copies of a unit): values divided by c so the
-                sum over copies is the original (Net2Net's Net2WiderNet); each copy's gradient equals the original.
-      "extend": new rows that are not symmetric copies (position rows >= T). Values copied, moments unscaled."""
-    counts = torch.bincount(index, minlength=n_old)[index].float()   # (n_new,) copies of each entry's source
+    """How one tensor dimension grows. index (n_new,) picks old entries; kind says how copies are
+    scaled:
+      "dup":    outputs duplicated (incoming weights, embedding columns, norm affines). Values
+                copied. Each copy receives 1/c of the original's gradient, so carried moments scale
+                by 1/c (m) and 1/c^2 (v).
+      "split":  inputs duplicated (outgoing weights reading c copies of a unit): values divided by c
+                so the sum over copies is the original (Net2Net's Net2WiderNet); each copy's
+                gradient equals the original.
+      "extend": new rows that are not symmetric copies (position rows >= T). Values copied,
+                moments unscaled."""
+    # (n_new,) copies of each entry's source
+    counts = torch.bincount(index, minlength=n_old)[index].float()
     return {"index": index, "new": replicas(index),
             "value_scale": 1.0 / counts if kind == "split" else None,
             "moment_scale": 1.0 / counts if kind == "dup" else None}
 
 
 def concat_specs(s, n_old, times):
-    """The spec of a dimension made of `times` stacked blocks of size n_old that grow alike (packed q/k/v, the
-    gate and value halves of a gated FFN)."""
+    """The spec of a dimension made of `times` stacked blocks of size n_old that grow alike (packed
+    q/k/v, the gate and value halves of a gated FFN)."""
     cat = lambda key: None if s[key] is None else torch.cat([s[key]] * times)  # noqa: E731
     return {"index": torch.cat([s["index"] + t * n_old for t in range(times)]), "new": cat("new"),
             "value_scale": cat("value_scale"), "moment_scale": cat("moment_scale")}
 
 
 def expand(t, dims, scale_key="value_scale", power=1):
-    """Apply one spec (or None = unchanged) per dimension of t: gather old entries, then scale along that dim."""
+    """Apply one spec (or None = unchanged) per dimension of t: gather old entries, then scale along
+    that dim."""
     for d, s in enumerate(dims):
         if s is None:
             continue
@@ -298,11 +352,12 @@ def new_entries(t, dims):
     return mask
 
 
-# Which spec each dimension of each parameter follows. "res": the residual stream d (outputs duplicated),
-# "res_in": matmul inputs read from the residual stream (split), "res_out": the final norm before the decoder
-# (split: the decoder sums the copies), "qkv": packed [q; k; v] rows (heads duplicated), "heads_in": the
-# attention output read by `out` (split), "up": FFN units (both halves when gated), "ffn_in": read by `down`,
-# "pos": position rows. PyTorch stores Linear weights as (out, in).
+# Which spec each dimension of each parameter follows. "res": the residual stream d (outputs
+# duplicated), "res_in": matmul inputs read from the residual stream (split), "res_out": the final
+# norm before the decoder (split: the decoder sums the copies), "qkv": packed [q; k; v] rows (heads
+# duplicated), "heads_in": the attention output read by `out` (split), "up": FFN units (both halves
+# when gated), "ffn_in": read by `down`, "pos": position rows. PyTorch stores Linear weights as
+# (out, in).
 ROLES = {
     "tok_emb.weight": (None, "res"),                  # (V, d)
     "pos_emb.weight": ("pos", "res"),                 # (T, d)
@@ -315,30 +370,37 @@ ROLES = {
     "up.weight": ("up", "res_in"), "up.bias": ("up",),              # (f or 2f, d)
     "down.weight": ("res", "ffn_in"), "down.bias": ("res",),        # (d, f)
     "final_norm.weight": ("res_out",), "final_norm.bias": ("res_out",),
-    "lm_head.weight": (None, "res"),                  # (V, d); the final norm already divides by the copies
+    # (V, d); the final norm already divides by the copies
+    "lm_head.weight": (None, "res"),
 }
 
 
 def dimension_specs(old, new):
-    """The spec of every role for growing config old -> new (None where that size does not change)."""
+    """The spec of every role for growing config old -> new (None where that size does not
+    change)."""
     d, d2, f, f2 = old["d_model"], new["d_model"], old["ffn_dim"], new["ffn_dim"]
     hd = d // old["n_heads"]
     res, ffn = unit_map(d, d2), unit_map(f, f2)
     heads = unit_map(old["n_heads"], new["n_heads"])                    # (H',) new head -> old head
-    inner = (heads[:, None] * hd + torch.arange(hd)).flatten()          # (d',) attention coordinates, hd kept
+    # (d',) attention coordinates, hd kept
+    inner = (heads[:, None] * hd + torch.arange(hd)).flatten()
     gated = M.up_width(old) // f                                       # 2 halves (gate, value) or 1
-    specs = {"res": spec(res, d, "dup"), "res_in": spec(res, d, "split"), "res_out": spec(res, d, "split"),
+    specs = {"res": spec(res, d, "dup"), "res_in": spec(res, d, "split"), "res_out": spec(res, d,
+                                                                                          "split"),
              "qkv": concat_specs(spec(inner, d, "dup"), d, 3), "heads_in": spec(inner, d, "split"),
              "up": concat_specs(spec(ffn, f, "dup"), f, gated), "ffn_in": spec(ffn, f, "split"),
-             "pos": spec(unit_map(old["max_seq_len"], new["max_seq_len"]), old["max_seq_len"], "extend")}
-    unchanged = {"res": d == d2, "res_in": d == d2, "res_out": d == d2, "qkv": d == d2, "heads_in": d == d2,
+             "pos": spec(unit_map(old["max_seq_len"], new["max_seq_len"]), old["max_seq_len"],
+                         "extend")}
+    unchanged = {"res": d == d2, "res_in": d == d2, "res_out": d == d2, "qkv": d == d2,
+                 "heads_in": d == d2,
                  "up": f == f2, "ffn_in": f == f2, "pos": old["max_seq_len"] == new["max_seq_len"]}
     return {k: None if unchanged[k] else s for k, s in specs.items()}
 
 
 def layer_map(L, L2, method):
-    """(L',) old layer of every new layer. stack/msg append copies on top (i mod L: StackBERT, G_stack, MSG's
-    default); interleave/zero put each copy right after its original (floor(i L / L'))."""
+    """(L',) old layer of every new layer. stack/msg append copies on top (i mod L: StackBERT,
+    G_stack, MSG's default); interleave/zero put each copy right after its original (floor(i L /
+    L'))."""
     if method in ("stack", "msg"):
         return unit_map(L, L2)
     return torch.arange(L2) * L // L2
@@ -349,22 +411,25 @@ def layer_map(L, L2, method):
 
 @torch.no_grad()
 def grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100):
-    """(model, new config) -> (grown model, mapping). The grown model is build_model(new_cfg) with every tensor
-    derived from the old one (see the module docstring), on the old model's device, in its train/eval mode.
+    """(model, new config) -> (grown model, mapping). The grown model is build_model(new_cfg) with
+    every tensor derived from the old one (see the module docstring), on the old model's device, in
+    its train/eval mode.
 
-    method: how depth grows (stack | interleave | zero | msg). noise: std of the symmetry-breaking noise added to
-    the input weights of copied units (0 = exact copies). ramp: training forward passes over which an msg gate
-    opens. mapping: {new parameter name: {"source": old name or None (freshly initialized),
-    "dims": [spec or None per dimension], "copy": True if the whole tensor is a new layer's copy}}; it is what
-    grow_optimizer needs."""
+    method: how depth grows (stack | interleave | zero | msg). noise: std of the symmetry-breaking
+    noise added to the input weights of copied units (0 = exact copies). ramp: training forward
+    passes over which an msg gate opens. mapping: {new parameter name: {"source": old name or None
+    (freshly initialized), "dims": [spec or None per dimension], "copy": True if the whole tensor is
+    a new layer's copy}}; it is what grow_optimizer needs."""
     model = M.unwrap(model)
     old, new_cfg = model.config, M.validate_config(new_cfg)
     check_growth(old, new_cfg)
     if method not in METHODS:
-        raise ValueError(f"grow.py: unknown depth method {method!r}; choose from {', '.join(METHODS)}")
+        raise ValueError(f"grow.py: unknown depth method {method!r}; choose from "
+                         f"{', '.join(METHODS)}")
     deeper = new_cfg["n_layers"] > old["n_layers"]
     if deeper and method == "zero" and old["norm_position"] != "pre":
-        raise ValueError("grow.py: method 'zero' is the identity only for pre-LN blocks (post-LN renormalizes "
+        raise ValueError("grow.py: method 'zero' is the identity only for pre-LN blocks (post-LN "
+                         "renormalizes "
                          "x + 0); use method 'msg' for post-LN")
     specs = dimension_specs(old, new_cfg)
     layers = layer_map(old["n_layers"], new_cfg["n_layers"], method)
@@ -376,7 +441,8 @@ def grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100):
     gen = torch.Generator().manual_seed(seed)
     for name in grown.state_dict():
         parts = name.split(".")
-        if parts[0] == "blocks":                       # blocks.{i}.{suffix}: from old layer layers[i]
+        # blocks.{i}.{suffix}: from old layer layers[i]
+        if parts[0] == "blocks":
             i, role = int(parts[1]), ".".join(parts[2:])
             source, copy = f"blocks.{int(layers[i])}.{role}", bool(new_layer[i])
         else:
@@ -386,16 +452,19 @@ def grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100):
         dims = [None if r is None else specs[r] for r in ROLES[role]]
         t = expand(old_state[source], dims)
         if noise > 0 and role in ("tok_emb.weight", "pos_emb.weight", "qkv.weight", "up.weight"):
-            # The input weights of copied units: embedding columns (dim 1), q/k/v and up rows (dim 0).
+            # The input weights of copied units: embedding columns (dim 1), q/k/v and up rows (dim
+            # 0).
             d = 1 if "emb" in role else 0
             if dims[d] is not None:
                 shape = [1] * t.dim()
                 shape[d] = -1
                 mask = dims[d]["new"].view(shape).to(t.device)
                 t = t + noise * torch.randn(t.shape, generator=gen).to(t.device, t.dtype) * mask
-        if copy and method == "zero" and role in ("out.weight", "out.bias", "down.weight", "down.bias"):
-            # A pre-LN block x + F(LN(x)) whose last matmuls are zero is the identity (Net2DeeperNet's analogue);
-            # only the outputs are zeroed so their gradients are not: d out = dy * attention output != 0.
+        if copy and method == "zero" and role in ("out.weight", "out.bias", "down.weight",
+                                                  "down.bias"):
+            # A pre-LN block x + F(LN(x)) whose last matmuls are zero is the identity
+            # (Net2DeeperNet's analogue); only the outputs are zeroed so their gradients are not: d
+            # out = dy * attention output != 0.
             t = torch.zeros_like(t)
             source = None
         state[name] = t
@@ -408,12 +477,14 @@ def grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100):
 
 
 def add_gate(block, ramp):
-    """MSG's block mask (Yao et al. 2024): the block's output becomes c Block(x) + (1 - c) x, exactly x
-    at c = 0 for pre- and post-LN alike. c starts at 0 and rises by 1/ramp at every forward pass in training mode
-    with gradients on, before it is used, so the first training step already trains the block. At c = 0 the
-    block's weights would get exactly zero gradient. c lives in a non-persistent buffer (a tensor updated in
-    place, so torch.compile need not recompile); a checkpoint holds the plain block weights, i.e. the c = 1 model."""
-    block.register_buffer("grow_gate", torch.zeros((), device=block.norm1.weight.device), persistent=False)
+    """MSG's block mask (Yao et al. 2024): the block's output becomes c Block(x) + (1 - c) x,
+    exactly x at c = 0 for pre- and post-LN alike. c starts at 0 and rises by 1/ramp at every
+    forward pass in training mode with gradients on, before it is used, so the first training step
+    already trains the block. At c = 0 the block's weights would get exactly zero gradient. c lives
+    in a non-persistent buffer (a tensor updated in place, so torch.compile need not recompile); a
+    checkpoint holds the plain block weights, i.e. the c = 1 model."""
+    block.register_buffer("grow_gate", torch.zeros((), device=block.norm1.weight.device),
+                          persistent=False)
 
     def gated(module, args, output):
         if module.training and torch.is_grad_enabled():
@@ -427,15 +498,20 @@ def add_gate(block, ramp):
 # -----------------------------------------------------------------------------
 # Growing the optimizer state
 
-def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer, policy="carry", new_moments="zero"):
-    """A new optimizer for new_model: make_optimizer(new_model) (train.py's param groups and hyperparameters),
-    then, with policy="carry", every state of the old optimizer mapped onto the grown parameters.
+def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer, options=None):
+    """A new optimizer for new_model: make_optimizer(new_model) (train.py's param groups and
+    hyperparameters), then, with policy="carry", every state of the old optimizer mapped onto the
+    grown parameters.
 
-    Carried: the step count (so bias correction continues, MSG), and each moment tensor expanded like its weight.
-    new_moments="zero": copied coordinates start at 0 and whole new tensors start a fresh Adam state (step 0).
-    Where a tensor mixes old and new coordinates, the new ones take a first step of about (1 - b1)/sqrt(1 - b2)
-    times the learning rate (the kept step count makes bias correction ~1), one reason to re-warm.
-    new_moments="scaled": copies inherit their source's moments, scaled like their gradients (spec())."""
+    Carried: the step count (so bias correction continues, MSG), and each moment tensor expanded
+    like its weight. new_moments="zero": copied coordinates start at 0 and whole new tensors start a
+    fresh Adam state (step 0). Where a tensor mixes old and new coordinates, the new ones take a
+    first step of about (1 - b1)/sqrt(1 - b2) times the learning rate (the kept step count makes
+    bias correction ~1), one reason to re-warm. new_moments="scaled": copies inherit their source's
+    moments, scaled like their gradients (spec()). options: policy and new_moments
+    (GROW_OPTIONS)."""
+    options = {**GROW_OPTIONS, **(options or {})}
+    policy, new_moments = options["policy"], options["new_moments"]
     if policy not in ("carry", "fresh") or new_moments not in ("zero", "scaled"):
         raise ValueError(f"grow.py: policy must be carry|fresh and new_moments zero|scaled, "
                          f"got {policy!r}, {new_moments!r}")
@@ -446,14 +522,17 @@ def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer,
     for name, p in M.unwrap(new_model).named_parameters():
         entry = mapping.get(name)
         if entry is None or entry["source"] is None or (entry["copy"] and new_moments == "zero"):
-            continue                                   # no state: AdamW starts it fresh on the first step
+            # no state: AdamW starts it fresh on the first step
+            continue
         old_p = old_params[entry["source"]]
         old_state = old_optimizer.state.get(old_p, {})
         state = {}
         for key, value in old_state.items():
             if torch.is_tensor(value) and key != "step" and value.shape == old_p.shape:
-                power = 2 if "sq" in key else 1        # exp_avg ~ gradient, exp_avg_sq (max_exp_avg_sq) ~ gradient^2
-                value = expand(value, entry["dims"], "moment_scale" if new_moments == "scaled" else None, power)
+                # exp_avg ~ gradient, exp_avg_sq (max_exp_avg_sq) ~ gradient^2
+                power = 2 if "sq" in key else 1
+                value = expand(value, entry["dims"],
+                               "moment_scale" if new_moments == "scaled" else None, power)
                 if new_moments == "zero":
                     value = value.masked_fill(new_entries(value, entry["dims"]), 0.0)
                 state[key] = value.clone()
@@ -463,7 +542,8 @@ def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer,
             optimizer.state[p] = state
     if len(optimizer.param_groups) == len(old_optimizer.param_groups):
         for group, old_group in zip(optimizer.param_groups, old_optimizer.param_groups):
-            group["lr"] = old_group["lr"]               # the schedule's current value, until train.py sets it
+            # the schedule's current value, until train.py sets it
+            group["lr"] = old_group["lr"]
     return optimizer
 
 
@@ -471,37 +551,45 @@ def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer,
 # One growth event, for train.py
 
 def describe(cfg):
-    """'n_layers=8 d_model=256 n_heads=4 ffn_dim=512 max_seq_len=128': the grown sizes of a config, in the
-    config's own names (for logs; with commas it is a schedule stage)."""
+    """'n_layers=8 d_model=256 n_heads=4 ffn_dim=512 max_seq_len=128': the grown sizes of a config,
+    in the config's own names (for logs; with commas it is a schedule stage)."""
     return " ".join(f"{key}={cfg[key]}" for key in GROWN_KEYS)
 
 
-def apply_stage(model, optimizer, stage, make_optimizer, method=None, noise=0.0, seed=0, ramp=100,
-                policy="carry", new_moments="zero"):
-    """Grow model and optimizer to a schedule stage (an entry of parse_schedule, or a bare config dict).
-    Returns (new_model, new_optimizer, event) with event a plain dict for the log: the old and new shape and
-    parameter count, the method, whether the function is preserved, and the seconds growth took."""
+def apply_stage(model, optimizer, stage, make_optimizer, options=None):
+    """Grow model and optimizer to a schedule stage (an entry of parse_schedule, or a bare config
+    dict). Returns (new_model, new_optimizer, event) with event a plain dict for the log: the old
+    and new shape and parameter count, the method, whether the function is preserved, and the
+    seconds growth took. options: the keys of GROW_OPTIONS to override."""
+    options = {**GROW_OPTIONS, **(options or {})}
+    noise, policy, new_moments = options["noise"], options["policy"], options["new_moments"]
     cfg = stage["config"] if "config" in stage else stage
-    method = method or (stage.get("method") if "config" in stage else None) or "stack"
+    # an explicit method wins, then the stage's own (from its schedule), then stacking (StackBERT)
+    method = options["method"] or (stage.get("method") if "config" in stage else None) or "stack"
     start = time.perf_counter()
     old_cfg = dict(M.unwrap(model).config)
-    new_model, mapping = grow_model(model, cfg, method=method, noise=noise, seed=seed, ramp=ramp)
-    new_optimizer = grow_optimizer(optimizer, model, new_model, mapping, make_optimizer, policy, new_moments)
+    new_model, mapping = grow_model(model, cfg, method=method, noise=noise, seed=options["seed"],
+                                    ramp=options["ramp"])
+    new_optimizer = grow_optimizer(optimizer, model, new_model, mapping, make_optimizer,
+                                   {"policy": policy, "new_moments": new_moments})
     return new_model, new_optimizer, {
         "at": stage.get("at"), "from": describe(old_cfg), "to": describe(new_model.config),
         "params_before": M.count_params(old_cfg), "params": M.count_params(new_model.config),
-        "method": method, "noise": noise, "optimizer": policy if policy == "fresh" else f"carry/{new_moments}",
+        "method": method, "noise": noise,
+        "optimizer": policy if policy == "fresh" else f"carry/{new_moments}",
         "function_preserving": preserves_function(old_cfg, new_model.config, method, noise),
         "grow_seconds": round(time.perf_counter() - start, 4)}
 
 
 
 def main(argv=None):
-    """`python grow.py "SCHEDULE" [preset]` prints the stages of a schedule grown toward a model preset."""
+    """`python grow.py "SCHEDULE" [preset]` prints the stages of a schedule grown toward a model
+    preset."""
     import sys
     argv = sys.argv[1:] if argv is None else argv
     if not argv or len(argv) > 2:
-        raise SystemExit("usage: python grow.py 'SCHEDULE|compound|gstack' [model preset, default base]\n\n"
+        raise SystemExit("usage: python grow.py 'SCHEDULE|compound|gstack' [model preset, default "
+                         "base]\n\n"
                          + SCHEDULE_HELP)
     try:
         target = M.make_config(argv[1] if len(argv) > 1 else "base")
@@ -510,7 +598,8 @@ def main(argv=None):
         raise SystemExit(f"error: {e}") from None
     for s in plan:
         print(f"at {s['at']:.2f}: {describe(s['config'])}  method {s['method']:<10} "
-              f"params {M.count_params(s['config']) / 1e6:7.2f}M  FLOPs/token {M.flops_per_token(s['config']):.3g}")
+              f"params {M.count_params(s['config']) / 1e6:7.2f}M  FLOPs/token "
+              f"{M.flops_per_token(s['config']):.3g}")
 
 
 if __name__ == "__main__":

@@ -1,23 +1,36 @@
-"""model.py: one readable Transformer for cramming, as a bidirectional encoder (masked LM) or a causal decoder.
+"""model.py: one readable Transformer for cramming, as a bidirectional encoder (masked LM) or a
+causal decoder.
 
-The default is the crammed-BERT recipe (Geiping & Goldstein 2022, "Cramming: Training a Language Model on a
-Single GPU in One Day", arXiv 2212.14034). Every choice that the BigScience ablations (Le Scao et al. 2022,
-"What Language Model to Train if You Have One Million GPU Hours?") compare is one config value.
+The default is the crammed-BERT recipe (Geiping & Goldstein 2022, "Cramming: Training a Language
+Model on a Single GPU in One Day", arXiv 2212.14034). Every choice that the BigScience ablations (Le
+Scao et al. 2022, "What Language Model to Train if You Have One Million GPU Hours?") compare is one
+config value.
 
-Notable features (config key and default in brackets; each is explained again where it is implemented):
-- pre-LN blocks [norm_position="pre"]: stable at high learning rates, no long warm-up (Xiong et al. 2020); post = BERT
+Notable features (config key and default in brackets; each is explained again where it is
+implemented):
+- pre-LN blocks [norm_position="pre"]: stable at high learning rates, no long warm-up (Xiong et al.
+  2020); post = BERT
 - no biases in the linear layers [bias=False]: faster per token at about the same size (cramming)
-- gated-GELU feed-forward [activation="geglu"] (Shazeer 2020, "GLU Variants Improve Transformer", Eq. 5-6)
-- embedding norm [embedding_norm=True] (cramming; BLOOM's, which Le Scao et al. 2022 found to cost zero-shot accuracy)
-- scaled sinusoidal positions [positions="sinusoidal"] (cramming; the sinusoids of Vaswani et al. 2017, Sec. 3.5)
-- or learned, rotary (Su et al. 2021, RoFormer), alibi (Press et al. 2022, Sec. 3), none: the four BigScience compares
-- LayerNorm [norm="layernorm"] or RMSNorm (Zhang & Sennrich 2019); gelu or swiglu feed-forwards (BigScience has both)
+- gated-GELU feed-forward [activation="geglu"] (Shazeer 2020, "GLU Variants Improve Transformer",
+  Eq. 5-6)
+- embedding norm [embedding_norm=True] (cramming; BLOOM's, which Le Scao et al. 2022 found to cost
+  zero-shot accuracy)
+- scaled sinusoidal positions [positions="sinusoidal"] (cramming; the sinusoids of Vaswani et al.
+  2017, Sec. 3.5)
+- or learned, rotary (Su et al. 2021, RoFormer), alibi (Press et al. 2022, Sec. 3), none: the four
+  BigScience compares
+- LayerNorm [norm="layernorm"] or RMSNorm (Zhang & Sennrich 2019); gelu or swiglu feed-forwards
+  (BigScience has both)
 - tied input and output embeddings [tie_embeddings=True] (Press & Wolf 2017)
-- vocabulary padded to a multiple of 64, so the embedding and output matmuls fill whole GPU tiles (nanoGPT: 50304)
+- vocabulary padded to a multiple of 64, so the embedding and output matmuls fill whole GPU tiles
+  (nanoGPT: 50304)
 - no dropout in pretraining [dropout=0.0] (cramming); evaluate_glue.py sets 0.1 for fine-tuning
-- sparse MLM prediction: only the k masked positions reach the output head and the loss (cramming; 1/4 of the rows)
-- attention through F.scaled_dot_product_attention: a fused flash kernel on a GPU when unmasked (Dao et al. 2022)
-- causal LM option [objective="clm"]: the GPT-style decoder that BigScience's ablations use (Le Scao et al. 2022)
+- sparse MLM prediction: only the k masked positions reach the output head and the loss (cramming;
+  1/4 of the rows)
+- attention through F.scaled_dot_product_attention: a fused flash kernel on a GPU when unmasked (Dao
+  et al. 2022)
+- causal LM option [objective="clm"]: the GPT-style decoder that BigScience's ablations use (Le Scao
+  et al. 2022)
 
     import model
     cfg = model.make_config("base", vocab_size=32768)            # a plain dict, validated
@@ -25,8 +38,8 @@ Notable features (config key and default in brackets; each is explained again wh
     out = net(input_ids, labels=labels, label_positions=positions)  # {"loss": ..., "logits": ...}
     model.save_model(net, "out/final"); net = model.load_model("out/final")
 
-Shapes: B batch, T sequence length, d = d_model, H heads, hd = d / H head size, f = ffn_dim, V the padded vocab,
-k masked positions per sequence (sparse MLM prediction).
+Shapes: B batch, T sequence length, d = d_model, H heads, hd = d / H head size, f = ffn_dim, V the
+padded vocab, k masked positions per sequence (sparse MLM prediction).
 """
 import json
 import math
@@ -37,37 +50,47 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# -----------------------------------------------------------------------------
-# Configuration: one dict, defaults = the crammed-BERT base model.
-# A plain dict rather than a dataclass because it travels: save_model writes it as config.json beside the weights,
-# train.py, grow.py and the evaluation scripts pass it between them, and scaling.py and grow.py build and compare
-# configs key by key ({**cfg, "n_layers": 8}). validate_config is the one place that checks it.
+# ----------------------------------------------------------------------------- Configuration: one
+# dict, defaults = the crammed-BERT base model. A plain dict rather than a dataclass because it
+# travels: save_model writes it as config.json beside the weights, train.py, grow.py and the
+# evaluation scripts pass it between them, and scaling.py and grow.py build and compare configs key
+# by key ({**cfg, "n_layers": 8}). validate_config is the one place that checks it.
 
 DEFAULTS = {
     "vocab_size": 32768,        # tokenizer size; the embedding is padded up to a multiple of 64
-    "n_layers": 16,             # Transformer blocks (cramming: 16 at BERT-base width; BERT-base has 12)
+    # Transformer blocks (cramming: 16 at BERT-base width; BERT-base has 12)
+    "n_layers": 16,
     "d_model": 768,             # d, the width of the residual stream
     "n_heads": 12,              # H attention heads; head size hd = d / H = 64
-    "ffn_dim": 1536,            # inner width after gating: cramming's 3072-wide projection split in two halves
+    # inner width after gating: cramming's 3072-wide projection split in two halves
+    "ffn_dim": 1536,
     "max_seq_len": 128,         # T: cramming trains on packed 128-token sequences
-    "objective": "mlm",         # "mlm": bidirectional encoder, masked LM; "clm": causal decoder, next-token LM
+    # "mlm": bidirectional encoder, masked LM; "clm": causal decoder, next-token LM
+    "objective": "mlm",
     "positions": "sinusoidal",  # learned | sinusoidal (scaled) | rotary | alibi | none
     "norm": "layernorm",        # layernorm | rmsnorm
-    "norm_position": "pre",     # pre | post (original BERT is post-LN; pre-LN trains stably at high learning rates)
-    "activation": "geglu",      # gelu | geglu | swiglu: the feed-forward's activation (gated: geglu, swiglu)
+    # pre | post (original BERT is post-LN; pre-LN trains stably at high learning rates)
+    "norm_position": "pre",
+    # gelu | geglu | swiglu: the feed-forward's activation (gated: geglu, swiglu)
+    "activation": "geglu",
     "bias": False,              # biases in the linear layers of the blocks
     "embedding_norm": True,     # a norm right after the embedding (BLOOM's "embedding LayerNorm")
     "tie_embeddings": True,     # the output projection reuses the token embedding matrix
-    "dropout": 0.0,             # off for pretraining (cramming); evaluate_glue.py sets 0.1 for fine-tuning
-    "mask_rate": 0.25,          # fraction of tokens predicted by MLM (cramming: 25%); enters FLOP accounting
+    # off for pretraining (cramming); evaluate_glue.py sets 0.1 for fine-tuning
+    "dropout": 0.0,
+    # fraction of tokens predicted by MLM (cramming: 25%); enters FLOP accounting
+    "mask_rate": 0.25,
     "num_labels": 0,            # > 0 adds a sequence classification head (1 = regression)
-    "init_std": 0.02,           # std of the normal init of every Linear and Embedding weight (BERT's value)
+    # std of the normal init of every Linear and Embedding weight (BERT's value)
+    "init_std": 0.02,
     "norm_eps": 1e-12,          # epsilon inside every norm (BERT's and cramming's value)
 }
 
-# Presets from a test-sized model to the crammed base and a large model. Each only lists what differs.
+# Presets from a test-sized model to the crammed base and a large model. Each only lists what
+# differs.
 PRESETS = {
-    "tiny": {"vocab_size": 512, "n_layers": 2, "d_model": 64, "n_heads": 4, "ffn_dim": 128, "max_seq_len": 64},
+    "tiny": {"vocab_size": 512, "n_layers": 2, "d_model": 64, "n_heads": 4, "ffn_dim": 128,
+             "max_seq_len": 64},
     "mini": {"n_layers": 4, "d_model": 256, "n_heads": 4, "ffn_dim": 512},
     "small": {"n_layers": 8, "d_model": 512, "n_heads": 8, "ffn_dim": 1024},
     "base": {},
@@ -87,8 +110,10 @@ VOCAB_MULTIPLE = 64
 
 
 def validate_config(cfg):
-    """Return a complete copy of cfg (defaults filled in); raise ValueError naming the first bad key."""
-    if isinstance(cfg.get("ffn"), str):   # configs saved before the activation type was renamed from "ffn"
+    """Return a complete copy of cfg (defaults filled in); raise ValueError naming the first bad
+    key."""
+    # configs saved before the activation type was renamed from "ffn"
+    if isinstance(cfg.get("ffn"), str):
         cfg = {("activation" if k == "ffn" else k): v for k, v in cfg.items()}
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
@@ -105,7 +130,8 @@ def validate_config(cfg):
         if not isinstance(cfg[key], bool):
             raise ValueError(f"config key {key!r} must be true or false, got {cfg[key]!r}")
     if not isinstance(cfg["num_labels"], int) or cfg["num_labels"] < 0:
-        raise ValueError(f"config key 'num_labels' must be an integer >= 0, got {cfg['num_labels']!r}")
+        raise ValueError("config key 'num_labels' must be an integer >= 0, got "
+                         f"{cfg['num_labels']!r}")
     if not 0.0 <= cfg["dropout"] < 1.0:
         raise ValueError(f"config key 'dropout' must be in [0, 1), got {cfg['dropout']!r}")
     if not 0.0 < cfg["mask_rate"] < 1.0:
@@ -115,9 +141,11 @@ def validate_config(cfg):
             raise ValueError(f"config key {key!r} must be positive, got {cfg[key]!r}")
     # Constraints between keys: whole heads, and rotary rotates pairs of head dimensions.
     if cfg["d_model"] % cfg["n_heads"]:
-        raise ValueError(f"config key 'n_heads' ({cfg['n_heads']}) must divide 'd_model' ({cfg['d_model']})")
+        raise ValueError(f"config key 'n_heads' ({cfg['n_heads']}) must divide 'd_model' "
+                         f"({cfg['d_model']})")
     if cfg["positions"] == "rotary" and (cfg["d_model"] // cfg["n_heads"]) % 2:
-        raise ValueError("config key 'positions': rotary needs an even head size (d_model / n_heads)")
+        raise ValueError("config key 'positions': rotary needs an even head size (d_model / "
+                         "n_heads)")
     return cfg
 
 
@@ -128,11 +156,13 @@ def make_config(preset="base", **overrides):
     return validate_config({**PRESETS[preset], **overrides})
 
 
-GATED = ("geglu", "swiglu")  # GLU variants (Shazeer 2020): the up-projection makes a gate and a value
+# GLU variants (Shazeer 2020): the up-projection makes a gate and a value
+GATED = ("geglu", "swiglu")
 
 
 def up_width(cfg):
-    """Output width of the feed-forward's up-projection: ffn_dim, or 2 * ffn_dim when gated (gate and value)."""
+    """Output width of the feed-forward's up-projection: ffn_dim, or 2 * ffn_dim when gated (gate
+    and value)."""
     return 2 * cfg["ffn_dim"] if cfg["activation"] in GATED else cfg["ffn_dim"]
 
 
@@ -141,15 +171,17 @@ def round_up(n, multiple):
 
 
 def padded_vocab_size(cfg):
-    """Vocabulary rounded up to a multiple of 64, so the embedding and output matmuls align with GPU tiles."""
+    """Vocabulary rounded up to a multiple of 64, so the embedding and output matmuls align with GPU
+    tiles."""
     return round_up(cfg["vocab_size"], VOCAB_MULTIPLE)
 
 
-# -----------------------------------------------------------------------------
-# Building blocks: norms, positions (sinusoidal, rotary, ALiBi), and the block (attention + feed-forward)
+# ----------------------------------------------------------------------------- Building blocks:
+# norms, positions (sinusoidal, rotary, ALiBi), and the block (attention + feed-forward)
 
 def make_norm(cfg):
-    # RMSNorm (Zhang & Sennrich 2019) rescales by the root mean square only: no mean subtraction, no bias.
+    # RMSNorm (Zhang & Sennrich 2019) rescales by the root mean square only: no mean subtraction, no
+    # bias.
     if cfg["norm"] == "rmsnorm":
         return nn.RMSNorm(cfg["d_model"], eps=cfg["norm_eps"])
     return nn.LayerNorm(cfg["d_model"], eps=cfg["norm_eps"])
@@ -157,9 +189,11 @@ def make_norm(cfg):
 
 def sinusoid_table(n_positions, dim):
     """(n_positions, dim) fixed sinusoids of Vaswani et al. 2017, Sec. 3.5."""
-    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]                       # (n_positions, 1)
+    # (n_positions, 1)
+    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]
     # Wavelengths from 2*pi to 10000 * 2*pi in a geometric progression, one per pair of columns.
-    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, dtype=torch.float32) / dim)  # (ceil(dim/2),)
+    # (ceil(dim/2),)
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, dtype=torch.float32) / dim)
     table = torch.zeros(n_positions, dim)
     table[:, 0::2] = torch.sin(pos * inv_freq)
     # For an odd dim the cosine columns are one fewer than the sine columns.
@@ -170,26 +204,31 @@ def sinusoid_table(n_positions, dim):
 def rotary_cos_sin(position_ids, head_dim):
     """cos, sin of shape (..., T, hd/2) for rotary embeddings (Su et al. 2021, RoFormer, Eq. 34)."""
     # theta_i = 10000^(-2i/hd): the angle of pair i at position m is m * theta_i.
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, device=position_ids.device).float() / head_dim))
-    angles = position_ids.float()[..., None] * inv_freq                                  # (..., T, hd/2)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2,
+                                               device=position_ids.device).float() / head_dim))
+    # (..., T, hd/2)
+    angles = position_ids.float()[..., None] * inv_freq
     return angles.cos(), angles.sin()
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate pairs (x1, x2) of the two halves of the head dimension. x: (B, H, T, hd); cos/sin: (B|1, 1, T, hd/2)."""
-    # Pairs are (x_i, x_{i + hd/2}) rather than RoFormer's neighbours (x_2i, x_2i+1): the same rotation up to a fixed
-    # permutation of the head dimensions, without interleaving. Rotating q and k by their positions makes q.k
-    # depend only on the offset between them. Computed in float32, returned in x's dtype.
-    x1, x2 = x.float().chunk(2, dim=-1)                                                  # 2 x (B, H, T, hd/2)
+    """Rotate pairs (x1, x2) of the two halves of the head dimension. x: (B, H, T, hd); cos/sin:
+    (B|1, 1, T, hd/2)."""
+    # Pairs are (x_i, x_{i + hd/2}) rather than RoFormer's neighbours (x_2i, x_2i+1): the same
+    # rotation up to a fixed permutation of the head dimensions, without interleaving. Rotating q
+    # and k by their positions makes q.k depend only on the offset between them. Computed in
+    # float32, returned in x's dtype. 2 x (B, H, T, hd/2)
+    x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
 def alibi_slopes(n_heads):
-    """Head-specific slopes m_h = 2^(-8h/H) (Press et al. 2022, ALiBi, Sec. 3); for H not a power of two the
-    paper's recipe takes the power-of-two set and interleaves slopes from the next one."""
+    """Head-specific slopes m_h = 2^(-8h/H) (Press et al. 2022, ALiBi, Sec. 3); for H not a power of
+    two the paper's recipe takes the power-of-two set and interleaves slopes from the next one."""
     def power_of_two(n):
         return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-    # H = 8 gives 1/2, 1/4, ..., 1/256: low slopes let some heads look far, high ones keep others local.
+    # H = 8 gives 1/2, 1/4, ..., 1/256: low slopes let some heads look far, high ones keep others
+    # local.
     closest = 2 ** math.floor(math.log2(n_heads))
     slopes = power_of_two(closest)
     if closest < n_heads:
@@ -198,8 +237,9 @@ def alibi_slopes(n_heads):
 
 
 class Block(nn.Module):
-    """One Transformer layer: self-attention, then a feed-forward network, each inside a residual connection,
-    normalized before (pre-LN, Xiong et al. 2020) or after (post-LN, the original BERT) the residual add."""
+    """One Transformer layer: self-attention, then a feed-forward network, each inside a residual
+    connection, normalized before (pre-LN, Xiong et al. 2020) or after (post-LN, the original BERT)
+    the residual add."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -209,30 +249,39 @@ class Block(nn.Module):
         self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
         self.qkv = nn.Linear(d, 3 * d, bias=bias)      # one matmul for queries, keys and values
         self.out = nn.Linear(d, d, bias=bias)
-        # up makes f features, or 2f when gated (a gate and a value); down always reads f, the width after gating.
+        # up makes f features, or 2f when gated (a gate and a value); down always reads f, the width
+        # after gating.
         self.up = nn.Linear(d, up_width(cfg), bias=bias)
         self.down = nn.Linear(f, d, bias=bias)
 
     def attend(self, x, mask, rope, is_causal):
-        """x (B, T, d) -> (B, T, d). mask: None, or bool/float (B|1, 1|H, T, T) added to the scores."""
+        """x (B, T, d) -> (B, T, d). mask: None, or bool/float (B|1, 1|H, T, T) added to the
+        scores."""
         B, T, d = x.shape
-        # (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd): heads become a batch dimension for SDPA.
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)  # 3 x (B,H,T,hd)
-        # Rotary rotates queries and keys only: the scores see positions, the values stay pure content.
+        # (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd): heads become a batch dimension for
+        # SDPA. 3 x (B,H,T,hd)
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        # Rotary rotates queries and keys only: the scores see positions, the values stay pure
+        # content.
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if mask is not None and mask.dtype != torch.bool:
-            mask = mask.to(q.dtype)  # SDPA wants a float mask in the query's dtype (bf16 under autocast)
-        # softmax(q k^T / sqrt(hd) + mask) v; dropout on the attention weights only while fine-tuning.
+            # SDPA wants a float mask in the query's dtype (bf16 under autocast)
+            mask = mask.to(q.dtype)
+        # softmax(q k^T / sqrt(hd) + mask) v; dropout on the attention weights only while
+        # fine-tuning.
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, hd)
+                                           # (B, H, T, hd)
+                                           dropout_p=self.dropout if self.training else 0.0)
         # (B, H, T, hd) -> (B, T, H, hd) -> (B, T, d): concatenate the heads, then mix them.
         return self.out(y.transpose(1, 2).reshape(B, T, d))
 
     def feed_forward(self, x):
-        """x (B, T, d) -> (B, T, d). Gated variants (Shazeer 2020, "GLU Variants Improve Transformer", Eq. 5-6)
-        multiply the activated half of the up-projection by the other half."""
-        h = self.up(x)                                                   # (B, T, f), or (B, T, 2f) when gated
+        """x (B, T, d) -> (B, T, d). Gated variants (Shazeer 2020, "GLU Variants Improve
+        Transformer", Eq. 5-6) multiply the activated half of the up-projection by the other
+        half."""
+        # (B, T, f), or (B, T, 2f) when gated
+        h = self.up(x)
         if self.activation == "gelu":
             h = F.gelu(h)
         else:
@@ -243,8 +292,9 @@ class Block(nn.Module):
     def forward(self, x, mask, rope, is_causal):
         # Residual dropout on each sublayer's output before the add; p = 0 while pretraining.
         drop = lambda y: F.dropout(y, self.dropout, self.training)  # noqa: E731
-        # Pre-LN: x + f(norm(x)). The residual stream is a plain sum that no norm rescales, so gradients stay
-        # well scaled at initialization and no long warm-up is needed (Xiong et al. 2020).
+        # Pre-LN: x + f(norm(x)). The residual stream is a plain sum that no norm rescales, so
+        # gradients stay well scaled at initialization and no long warm-up is needed (Xiong et al.
+        # 2020).
         if self.pre_norm:
             x = x + drop(self.attend(self.norm1(x), mask, rope, is_causal))
             return x + drop(self.feed_forward(self.norm2(x)))
@@ -253,43 +303,51 @@ class Block(nn.Module):
         return self.norm2(x + drop(self.feed_forward(x)))
 
 
-# -----------------------------------------------------------------------------
-# The Transformer: embedding -> n_layers blocks -> final norm, then the heads (LM and classification)
+# ----------------------------------------------------------------------------- The Transformer:
+# embedding -> n_layers blocks -> final norm, then the heads (LM and classification)
 
 class Transformer(nn.Module):
-    """Embedding -> n_layers blocks -> final norm -> tied output projection (and an optional classifier)."""
+    """Embedding -> n_layers blocks -> final norm -> tied output projection (and an optional
+    classifier)."""
 
     def __init__(self, cfg):
         super().__init__()
         cfg = validate_config(cfg)
         self.config = cfg
         d, V = cfg["d_model"], padded_vocab_size(cfg)
-        # V rows, vocab_size of them real tokens: the padding rows are never inputs, and the softmax pushes their
-        # scores down in training (fill_mask and generate leave them out explicitly).
+        # V rows, vocab_size of them real tokens: the padding rows are never inputs, and the softmax
+        # pushes their scores down in training (fill_mask and generate leave them out explicitly).
         self.tok_emb = nn.Embedding(V, d)
         if cfg["positions"] == "learned":
             self.pos_emb = nn.Embedding(cfg["max_seq_len"], d)
         if cfg["positions"] == "sinusoidal":
-            # Scaled sinusoidal (cramming): fixed sinusoids times one learned scalar, started at 1/sqrt(d).
+            # Scaled sinusoidal (cramming): fixed sinusoids times one learned scalar, started at
+            # 1/sqrt(d).
             self.pos_scale = nn.Parameter(torch.tensor(1.0 / math.sqrt(d)))
-            # persistent=False: rebuilt from the config, so not in the state dict (nor in model.pt); same for slopes.
-            self.register_buffer("sinusoids", sinusoid_table(cfg["max_seq_len"], d), persistent=False)
-        # Rotary needs no parameters or buffers here: its angles are computed from position_ids in trunk().
+            # persistent=False: rebuilt from the config, so not in the state dict (nor in model.pt);
+            # same for slopes.
+            self.register_buffer("sinusoids", sinusoid_table(cfg["max_seq_len"], d),
+                                 persistent=False)
+        # Rotary needs no parameters or buffers here: its angles are computed from position_ids in
+        # trunk().
         if cfg["positions"] == "alibi":
             self.register_buffer("slopes", alibi_slopes(cfg["n_heads"]), persistent=False)
         self.emb_norm = make_norm(cfg) if cfg["embedding_norm"] else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg["n_layers"]))
-        self.final_norm = make_norm(cfg) if cfg["norm_position"] == "pre" else None  # post-LN blocks end normalized
+        # post-LN blocks end normalized
+        self.final_norm = make_norm(cfg) if cfg["norm_position"] == "pre" else None
         # Tied (the default): no output matrix of its own, logits() multiplies by tok_emb.weight.
         self.lm_head = None if cfg["tie_embeddings"] else nn.Linear(d, V, bias=False)
-        # The classification head exists only for fine-tuning (num_labels > 0); it keeps its biases, as BERT's does.
+        # The classification head exists only for fine-tuning (num_labels > 0); it keeps its biases,
+        # as BERT's does.
         self.pooler = self.classifier = None
         if cfg["num_labels"]:
             self.pooler, self.classifier = nn.Linear(d, d), nn.Linear(d, cfg["num_labels"])
         self.apply(self._init_weights)
 
     def _init_weights(self, module):
-        # BERT-style init (cramming's too): every matrix ~ N(0, init_std), biases zero; norms keep weight 1, bias 0.
+        # BERT-style init (cramming's too): every matrix ~ N(0, init_std), biases zero; norms keep
+        # weight 1, bias 0.
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=self.config["init_std"])
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -303,48 +361,58 @@ class Transformer(nn.Module):
         if self.config["positions"] == "learned":
             x = x + self.pos_emb(position_ids)
         elif self.config["positions"] == "sinusoidal":
-            x = x + self.pos_scale * self.sinusoids[position_ids]    # (B|1, T, d) table rows, broadcast over B
+            # (B|1, T, d) table rows, broadcast over B
+            x = x + self.pos_scale * self.sinusoids[position_ids]
         # Rotary and ALiBi add nothing here: they act inside attention, on q and k or on the scores.
         if self.emb_norm is not None:
             x = self.emb_norm(x)
         return F.dropout(x, self.config["dropout"], self.training)
 
     def attention_mask(self, attention_mask, position_ids, T, device):
-        """Returns (mask, is_causal) for SDPA. With no padding and no ALiBi the mask is None, so SDPA can pick
-        the flash kernel (is_causal for the decoder). Otherwise a (B|1, 1|H, T, T) mask: bool (True = attend)
-        or float (ALiBi's -m_h |i - j| plus -inf on masked keys)."""
+        """Returns (mask, is_causal) for SDPA. With no padding and no ALiBi the mask is None, so
+        SDPA can pick the flash kernel (is_causal for the decoder). Otherwise a (B|1, 1|H, T, T)
+        mask: bool (True = attend) or float (ALiBi's -m_h |i - j| plus -inf on masked keys)."""
         causal = self.config["objective"] == "clm"
         alibi = self.config["positions"] == "alibi"
         if attention_mask is None and not alibi:
             return None, causal
-        # allowed[b, 0, i, j]: may query i attend to key j? Padding and causality combined in one bool tensor.
+        # allowed[b, 0, i, j]: may query i attend to key j? Padding and causality combined in one
+        # bool tensor.
         allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
         if attention_mask is not None:
-            allowed = allowed & attention_mask[:, None, None, :].bool()   # hide padded keys: (B, 1, 1, T)
+            # hide padded keys: (B, 1, 1, T)
+            allowed = allowed & attention_mask[:, None, None, :].bool()
         if causal:
             # Query i sees keys j <= i: the lower triangle.
             allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=device).tril()
         if not alibi:
             return allowed, False
-        # ALiBi (Press et al. 2022): no position embedding; each head's score falls linearly with the distance
-        # between query and key, at its own slope. |i - j| makes the bias symmetric for the bidirectional encoder.
-        distance = (position_ids[:, None, :, None] - position_ids[:, None, None, :]).abs().float()  # (B|1,1,T,T)
-        bias = -self.slopes.to(device)[None, :, None, None] * distance                              # (B|1,H,T,T)
+        # ALiBi (Press et al. 2022): no position embedding; each head's score falls linearly with
+        # the distance between query and key, at its own slope. |i - j| makes the bias symmetric for
+        # the bidirectional encoder. (B|1,1,T,T)
+        distance = (position_ids[:, None, :, None] - position_ids[:, None, None, :]).abs().float()
+        # (B|1,H,T,T)
+        bias = -self.slopes.to(device)[None, :, None, None] * distance
         return bias.masked_fill(~allowed, float("-inf")), False
 
     def trunk(self, input_ids, attention_mask=None, position_ids=None):
         """(B, T) token ids -> (B, T, d) hidden states before the final norm."""
         B, T = input_ids.shape
-        # Learned and sinusoidal positions are a table of max_seq_len rows; rotary and ALiBi extend to any T.
+        # Learned and sinusoidal positions are a table of max_seq_len rows; rotary and ALiBi extend
+        # to any T.
         if T > self.config["max_seq_len"] and self.config["positions"] in ("learned", "sinusoidal"):
-            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config['max_seq_len']}")
-        # Positions 0..T-1 for every row unless given (B, T): one (1, T) row broadcasts over the batch.
+            raise ValueError(f"sequence length {T} exceeds max_seq_len "
+                             f"{self.config['max_seq_len']}")
+        # Positions 0..T-1 for every row unless given (B, T): one (1, T) row broadcasts over the
+        # batch.
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T)
-        # The rotary angles and the mask are the same for every layer: made once here, shared by all blocks.
+        # The rotary angles and the mask are the same for every layer: made once here, shared by all
+        # blocks.
         rope = None
         if self.config["positions"] == "rotary":
-            cos, sin = rotary_cos_sin(position_ids, self.config["d_model"] // self.config["n_heads"])
+            cos, sin = rotary_cos_sin(position_ids,
+                                      self.config["d_model"] // self.config["n_heads"])
             rope = (cos[:, None], sin[:, None])                              # (B|1, 1, T, hd/2)
         mask, is_causal = self.attention_mask(attention_mask, position_ids, T, input_ids.device)
         x = self.embed(input_ids, position_ids)
@@ -353,51 +421,61 @@ class Transformer(nn.Module):
         return x
 
     def finish(self, h):
-        # Pre-LN blocks leave the residual stream unnormalized, so one last norm comes before any head.
+        # Pre-LN blocks leave the residual stream unnormalized, so one last norm comes before any
+        # head.
         return self.final_norm(h) if self.final_norm is not None else h
 
     def encode(self, input_ids, attention_mask=None, position_ids=None):
         """(B, T) -> (B, T, d) contextual representations after the final norm."""
         return self.finish(self.trunk(input_ids, attention_mask, position_ids))
 
-    # -------------------------------------------------------------------------------
-    # Heads: the language-model head (sparse for MLM) and the [CLS] classification head.
-    # cramming drops BERT's dense + GELU + LayerNorm transform before the output projection: the final norm's
-    # output goes straight into the tied projection, with no decoder bias.
+    # ------------------------------------------------------------------------------- Heads: the
+    # language-model head (sparse for MLM) and the [CLS] classification head. cramming drops BERT's
+    # dense + GELU + LayerNorm transform before the output projection: the final norm's output goes
+    # straight into the tied projection, with no decoder bias.
 
     def logits(self, h):
         """(..., d) normalized hidden states -> (..., V) scores over the padded vocabulary."""
         weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight)                                          # h @ weight.T, weight: (V, d)
+        # h @ weight.T, weight: (V, d)
+        return F.linear(h, weight)
 
-    def forward(self, input_ids, attention_mask=None, labels=None, label_positions=None, position_ids=None):
+    def forward(self, input_ids, attention_mask=None, labels=None, label_positions=None,
+                position_ids=None):
         """Language-model scores and loss.
 
-        Sparse MLM prediction (cramming): with label_positions (B, k), only those k positions per sequence go
-        through the final norm, the output projection and the loss, so a 25% masking rate cuts the largest
-        matmul of the model by 4x; k is fixed by the data loader so shapes stay static for torch.compile.
-        logits: (B, k, V) with label_positions, else (B, T, V). labels: same leading shape, -100 = ignore.
-        For the causal decoder, labels are the next tokens (the data loader shifts them).
+        Sparse MLM prediction (cramming): with label_positions (B, k), only those k positions per
+        sequence go through the final norm, the output projection and the loss, so a 25% masking
+        rate cuts the largest matmul of the model by 4x; k is fixed by the data loader so shapes
+        stay static for torch.compile. logits: (B, k, V) with label_positions, else (B, T, V).
+        labels: same leading shape, -100 = ignore. For the causal decoder, labels are the next
+        tokens (the data loader shifts them).
         """
         h = self.trunk(input_ids, attention_mask, position_ids)             # (B, T, d)
         if label_positions is not None:
             # gather picks along T, and needs the index repeated across the d features.
             index = label_positions[..., None].expand(-1, -1, h.shape[-1])  # (B, k, d)
-            h = h.gather(1, index)                                          # (B, k, d): the masked rows only
-        # The final norm is per position, so it commutes with the gather and runs on the k rows only too.
+            # (B, k, d): the masked rows only
+            h = h.gather(1, index)
+        # The final norm is per position, so it commutes with the gather and runs on the k rows only
+        # too.
         logits = self.logits(self.finish(h))                                # (B, k or T, V)
         loss = None
         if labels is not None:
             # Flatten to (B*k or B*T, V); the loss in float32, since logits are bf16 under autocast.
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
+            loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(),
+                                   ignore_index=-100)
         return {"loss": loss, "logits": logits}
 
     def classify(self, input_ids, attention_mask=None, labels=None):
         """Sequence classification on the [CLS] position (BERT, Devlin et al. 2019, Sec. 3):
-        (B, T) -> logits (B, num_labels). num_labels == 1 is regression trained with mean squared error."""
+        (B, T) -> logits (B, num_labels). num_labels == 1 is regression trained with mean squared
+        error."""
         if self.classifier is None:
-            raise ValueError("this model has no classification head; call add_classifier(model, num_labels)")
-        # [CLS] is the first token of every input (data.py, evaluate_glue.py); attention lets it see the whole text.
+            raise ValueError("this model has no classification head; call add_classifier(model, "
+                             "num_labels)")
+        # [CLS] is the first token of every input (data.py, evaluate_glue.py); attention lets it see
+        # the whole text.
         h = self.encode(input_ids, attention_mask)[:, 0]                  # (B, d)
         # Pooler: dense + GELU (BERT's pooler uses tanh), then dropout, which fine-tuning turns on.
         h = F.dropout(F.gelu(self.pooler(h)), self.config["dropout"], self.training)
@@ -420,7 +498,8 @@ def build_model(cfg):
 # Fine-tuning on a pretrained model: a fresh classification head, and dropout switched on.
 
 def add_classifier(model, num_labels):
-    """Attach a fresh pooler + classifier with num_labels outputs (1 = regression) to a pretrained model."""
+    """Attach a fresh pooler + classifier with num_labels outputs (1 = regression) to a pretrained
+    model."""
     # The config is updated in place, so save_model records the head and load_model rebuilds it.
     cfg = model.config
     cfg["num_labels"] = validate_config({**cfg, "num_labels": num_labels})["num_labels"]
@@ -434,30 +513,33 @@ def add_classifier(model, num_labels):
 
 def set_dropout(model, p):
     """Change the dropout probability everywhere (0 for pretraining, 0.1 for GLUE fine-tuning)."""
-    # embed() and classify() read config["dropout"]; each block copied it when built, so each one is told.
+    # embed() and classify() read config["dropout"]; each block copied it when built, so each one is
+    # told.
     model.config["dropout"] = validate_config({**model.config, "dropout": p})["dropout"]
     for block in model.blocks:
         block.dropout = p
     return model
 
 
-# -----------------------------------------------------------------------------
-# Accounting: parameters and training FLOPs, pure functions of the config (scaling.py and train.py use them).
+# ----------------------------------------------------------------------------- Accounting:
+# parameters and training FLOPs, pure functions of the config (scaling.py and train.py use them).
 # count_params(cfg) equals the parameter count of build_model(cfg), without building it.
 
 def _norm_params(cfg):
-    return 2 * cfg["d_model"] if cfg["norm"] == "layernorm" else cfg["d_model"]  # weight (+ bias for LayerNorm)
+    # weight (+ bias for LayerNorm)
+    return 2 * cfg["d_model"] if cfg["norm"] == "layernorm" else cfg["d_model"]
 
 
 def _block_linear_weights(cfg):
-    """Weights of the matmuls in one block: qkv (d x 3d), out (d x d), up (d x f or d x 2f when gated), down (f x d)."""
+    """Weights of the matmuls in one block: qkv (d x 3d), out (d x d), up (d x f or d x 2f when
+    gated), down (f x d)."""
     d, f = cfg["d_model"], cfg["ffn_dim"]
     return 4 * d * d + d * up_width(cfg) + f * d
 
 
 def count_params(cfg, embeddings=True):
-    """Number of parameters of build_model(cfg). embeddings=False leaves out the token embedding, a learned
-    position table and an untied output matrix (Kaplan et al. 2020 count N without them)."""
+    """Number of parameters of build_model(cfg). embeddings=False leaves out the token embedding, a
+    learned position table and an untied output matrix (Kaplan et al. 2020 count N without them)."""
     cfg = validate_config(cfg)
     d, L, V = cfg["d_model"], cfg["n_layers"], padded_vocab_size(cfg)
     # Per block: the four matmuls and two norms (attention's and the feed-forward's).
@@ -468,10 +550,12 @@ def count_params(cfg, embeddings=True):
     # Outside the blocks: the embedding norm, the final norm (pre-LN only) and the sinusoids' scale.
     n += _norm_params(cfg) if cfg["embedding_norm"] else 0
     n += _norm_params(cfg) if cfg["norm_position"] == "pre" else 0     # the final norm
-    n += 1 if cfg["positions"] == "sinusoidal" else 0                 # the learned scale of the sinusoids
+    # the learned scale of the sinusoids
+    n += 1 if cfg["positions"] == "sinusoidal" else 0
     if cfg["num_labels"]:
         n += d * d + d + d * cfg["num_labels"] + cfg["num_labels"]     # pooler + classifier
-    # Embeddings: V x d once when tied, twice with an untied output matrix, plus a learned position table.
+    # Embeddings: V x d once when tied, twice with an untied output matrix, plus a learned position
+    # table.
     if embeddings:
         n += V * d
         n += cfg["max_seq_len"] * d if cfg["positions"] == "learned" else 0
@@ -480,17 +564,21 @@ def count_params(cfg, embeddings=True):
 
 
 def flops_per_token(cfg, seq_len=None):
-    """Training FLOPs (forward + backward) per input token, counting matmuls only (PaLM, Chowdhery et al. 2022,
-    App. B): 6 * block weights + 12 * n_layers * T * d for attention scores and values, + 6 * d * V for the
-    output projection on the predicted fraction of tokens (mask_rate for sparse MLM, all tokens for CLM)."""
+    """Training FLOPs (forward + backward) per input token, counting matmuls only (PaLM, Chowdhery
+    et al. 2022, App. B): 6 * block weights + 12 * n_layers * T * d for attention scores and values,
+    + 6 * d * V for the output projection on the predicted fraction of tokens (mask_rate for sparse
+    MLM, all tokens for CLM)."""
     cfg = validate_config(cfg)
     T = seq_len or cfg["max_seq_len"]
     predicted = cfg["mask_rate"] if cfg["objective"] == "mlm" else 1.0
-    # 6 = 2 FLOPs per multiply-add x (1 forward + 2 backward matmuls: input gradient and weight gradient).
+    # 6 = 2 FLOPs per multiply-add x (1 forward + 2 backward matmuls: input gradient and weight
+    # gradient).
     blocks = 6 * cfg["n_layers"] * _block_linear_weights(cfg)
-    # Per token and layer, q k^T and (weights) v are T * d multiply-adds each: 4 T d forward FLOPs, x3 in training.
+    # Per token and layer, q k^T and (weights) v are T * d multiply-adds each: 4 T d forward FLOPs,
+    # x3 in training.
     attention = 12 * cfg["n_layers"] * T * cfg["d_model"]
-    # The output projection runs only on the rows that are predicted: sparse MLM's payoff in one factor.
+    # The output projection runs only on the rows that are predicted: sparse MLM's payoff in one
+    # factor.
     head = 6 * cfg["d_model"] * padded_vocab_size(cfg) * predicted
     return float(blocks + attention + head)
 
@@ -505,10 +593,12 @@ def unwrap(model):
 
 
 def atomic_write(path, write):
-    """Call write(f) on a binary file beside path, then rename it into place: a crash never leaves half a file.
-    The one helper for every file the project writes (data.py, train.py and the benches use it too)."""
+    """Call write(f) on a binary file beside path, then rename it into place: a crash never leaves
+    half a file. The one helper for every file the project writes (data.py, train.py and the benches
+    use it too)."""
     # Same folder, so os.replace is a rename within one file system, which is atomic.
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=os.path.basename(path) + ".", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
+                               prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -525,12 +615,14 @@ def save_model(model, folder):
     # Tensors on the CPU, so the file loads on a machine without the GPU it was trained on.
     state = {name: t.detach().cpu() for name, t in model.state_dict().items()}
     atomic_write(os.path.join(folder, "model.pt"), lambda f: torch.save(state, f))
-    atomic_write(os.path.join(folder, "config.json"), lambda f: f.write(json.dumps(model.config, indent=2).encode()))
+    atomic_write(os.path.join(folder, "config.json"), lambda f: f.write(json.dumps(model.config,
+                                                                                   indent=2).encode()))
 
 
 def load_model(folder, device="cpu"):
     """The model saved by save_model: `net = load_model("out/final")`."""
-    config_path, weights_path = os.path.join(folder, "config.json"), os.path.join(folder, "model.pt")
+    config_path, weights_path = os.path.join(folder, "config.json"), os.path.join(folder,
+                                                                                  "model.pt")
     for path in (config_path, weights_path):
         if not os.path.isfile(path):
             raise ValueError(f"{path}: missing; a checkpoint folder holds config.json and model.pt")
@@ -539,17 +631,21 @@ def load_model(folder, device="cpu"):
             cfg = json.load(f)
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_path}: not valid JSON ({e})") from None
-    # Errors name the file they come from, since a user is looking at a folder rather than at this code.
+    # Errors name the file they come from, since a user is looking at a folder rather than at this
+    # code.
     try:
         cfg = validate_config(cfg)
     except ValueError as e:
         raise ValueError(f"{config_path}: {e}") from None
     model = build_model(cfg)
-    # weights_only=True: torch.load reads tensors and plain containers only and runs no pickled code.
+    # weights_only=True: torch.load reads tensors and plain containers only and runs no pickled
+    # code.
     try:
         model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
-    except Exception as e:  # truncated, foreign or from another config: name the file, not a traceback
-        raise ValueError(f"{weights_path}: not loadable as this config's weights ({type(e).__name__}: "
+    # truncated, foreign or from another config: name the file, not a traceback
+    except Exception as e:
+        raise ValueError(f"{weights_path}: not loadable as this config's weights "
+                         f"({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
     return model.to(device)
 
@@ -558,57 +654,80 @@ def load_model(folder, device="cpu"):
 # Using a trained model: fill in [MASK]s (encoder) or continue a prompt (decoder)
 
 def _ready(net, enc, objective, hint):
-    """The plain model in eval mode, after checking its objective and that enc fits its vocabulary."""
+    """The plain model in eval mode, after checking its objective and that enc fits its
+    vocabulary."""
     net = unwrap(net).eval()
     if net.config["objective"] != objective:
         raise ValueError(f"{hint}; this model's objective is {net.config['objective']!r}")
     if enc.n_vocab > net.config["vocab_size"]:
-        raise ValueError(f"tokenizer has {enc.n_vocab} tokens, the model only {net.config['vocab_size']}: "
+        raise ValueError(f"tokenizer has {enc.n_vocab} tokens, the model only "
+                         f"{net.config['vocab_size']}: "
                          f"not the tokenizer it was trained with")
-    # Ordinary (byte/merge) ids come first, specials after them (data.n_ordinary): scoring only ids below
-    # this leaves out [CLS] [SEP] [MASK] ..., the reserved ids and the padding rows of the embedding.
+    # Ordinary (byte/merge) ids come first, specials after them (data.n_ordinary): scoring only ids
+    # below this leaves out [CLS] [SEP] [MASK] ..., the reserved ids and the padding rows of the
+    # embedding.
     return net, min(enc.encode_single_token(s) for s in enc.special_tokens_set)
 
 
 @torch.no_grad()
 def fill_mask(net, enc, text, top_k=5):
-    """For each [MASK] in text, in order, the top_k guesses [(token string, probability), ...], probabilities
-    over ordinary tokens only. enc: the model's tiktoken Encoding (data.load_tokenizer). Puts net in eval mode."""
-    net, n_ordinary = _ready(net, enc, "mlm", "fill_mask needs a masked LM (generate is for causal ones)")
+    """For each [MASK] in text, in order, the top_k guesses [(token string, probability), ...],
+    probabilities over ordinary tokens only. enc: the model's tiktoken Encoding
+    (data.load_tokenizer). Puts net in eval mode."""
+    net, n_ordinary = _ready(net, enc, "mlm",
+                             "fill_mask needs a masked LM (generate is for causal ones)")
     *before, last = text.split("[MASK]")
     if not before:
         raise ValueError(f"text {text!r} has no [MASK] to fill")
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    # The input looks like a pretraining sequence, [CLS] text [SEP] (data.Loader). A BPE word carries its
-    # leading space, so the space before a [MASK] belongs to the masked token, not to the text before it.
+    # The input looks like a pretraining sequence, [CLS] text [SEP] (data.Loader). A BPE word
+    # carries its leading space, so the space before a [MASK] belongs to the masked token, not to
+    # the text before it.
     special = {s: enc.encode_single_token(s) for s in ("[CLS]", "[SEP]", "[MASK]")}
     ids = [special["[CLS]"]]
     for piece in before:
         ids += enc.encode_ordinary(piece.removesuffix(" ")) + [special["[MASK]"]]
     ids += enc.encode_ordinary(last) + [special["[SEP]"]]
     if len(ids) > net.config["max_seq_len"]:
-        raise ValueError(f"text is {len(ids)} tokens with [CLS] and [SEP]; the model reads {net.config['max_seq_len']}")
+        raise ValueError(f"text is {len(ids)} tokens with [CLS] and [SEP]; the model reads "
+                         f"{net.config['max_seq_len']}")
     device = net.tok_emb.weight.device
     input_ids = torch.tensor([ids], device=device)                                       # (1, T)
-    # The same sparse prediction as in training: only the k [MASK] positions go through the output head.
+    # The same sparse prediction as in training: only the k [MASK] positions go through the output
+    # head.
     positions = (input_ids == special["[MASK]"]).nonzero()[:, 1][None]                   # (1, k)
-    logits = net(input_ids, label_positions=positions)["logits"][0, :, :n_ordinary]      # (k, n_ordinary)
-    probs, top = logits.float().softmax(-1).topk(min(top_k, n_ordinary), dim=-1)         # (k, top_k) each
+    # (k, n_ordinary)
+    logits = net(input_ids, label_positions=positions)["logits"][0, :, :n_ordinary]
+    # (k, top_k) each
+    probs, top = logits.float().softmax(-1).topk(min(top_k, n_ordinary), dim=-1)
     return [[(enc.decode([t]), p) for t, p in zip(row_ids, row_probs)]
             for row_ids, row_probs in zip(top.tolist(), probs.tolist())]
 
 
+# How generate picks each next token; pass a dict with the keys to change
+SAMPLING = {
+    "temperature": 0.0,  # 0: greedy (argmax); above 0, softmax(logits / temperature) is sampled
+    "top_k": None,       # sample among the k likeliest only: cuts the unreliable tail (Fan et al. 2018)
+    "seed": 0,           # seeds the sampler, so one seed gives one continuation
+}
+
+
 @torch.no_grad()
-def generate(net, enc, prompt, max_new_tokens=20, temperature=0.0, top_k=None, seed=0):
+def generate(net, enc, prompt, max_new_tokens=20, sampling=None):
     """The continuation of prompt by a causal model: greedy at temperature 0, else sampled from
-    softmax(logits / temperature), among the top_k most likely tokens if top_k is set. It stops early at
-    [SEP], the end of a document. Puts net in eval mode."""
-    net, n_ordinary = _ready(net, enc, "clm", "generate needs a causal LM (fill_mask is for masked ones)")
+    softmax(logits / temperature), among the top_k most likely tokens if top_k is set (sampling:
+    the keys of SAMPLING to change). It stops early at [SEP], the end of a document. Puts net in
+    eval mode."""
+    sampling = {**SAMPLING, **(sampling or {})}
+    temperature, top_k, seed = sampling["temperature"], sampling["top_k"], sampling["seed"]
+    net, n_ordinary = _ready(net, enc, "clm",
+                             "generate needs a causal LM (fill_mask is for masked ones)")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     device, sep = net.tok_emb.weight.device, enc.encode_single_token("[SEP]")
-    # In the training stream every document follows a [SEP], so the prompt starts as a document does.
+    # In the training stream every document follows a [SEP], so the prompt starts as a document
+    # does.
     ids = torch.tensor([[sep] + enc.encode_ordinary(prompt)], device=device)             # (1, T)
     allowed = torch.zeros(net.tok_emb.weight.shape[0], dtype=torch.bool, device=device)  # (V,)
     allowed[:n_ordinary] = allowed[sep] = True   # no [CLS], [MASK], reserved ids or padding rows
@@ -616,8 +735,10 @@ def generate(net, enc, prompt, max_new_tokens=20, temperature=0.0, top_k=None, s
     new = []
     # No KV cache: each step re-reads the whole context, which is simple and cheap at these lengths.
     for _ in range(max_new_tokens):
-        context = ids[:, -net.config["max_seq_len"]:]                    # the longest input it was trained on
-        logits = net.logits(net.encode(context)[0, -1]).float()          # (V,) scores for the next token only
+        # the longest input it was trained on
+        context = ids[:, -net.config["max_seq_len"]:]
+        # (V,) scores for the next token only
+        logits = net.logits(net.encode(context)[0, -1]).float()
         logits = logits.masked_fill(~allowed, float("-inf"))
         if temperature == 0:
             next_id = logits.argmax()
@@ -625,7 +746,8 @@ def generate(net, enc, prompt, max_new_tokens=20, temperature=0.0, top_k=None, s
             if top_k:
                 # Keep the top_k scores (ties with the k-th included), -inf elsewhere.
                 logits[logits < logits.topk(min(top_k, n_ordinary)).values[-1]] = float("-inf")
-            next_id = torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator)[0]
+            next_id = torch.multinomial((logits / temperature).softmax(-1), 1,
+                                        generator=generator)[0]
         if next_id.item() == sep:
             break
         new.append(next_id.item())
@@ -640,14 +762,20 @@ def main(argv=None):
     """python model.py CHECKPOINT "text with [MASK]": print the guesses per mask (masked LM) or the
     continuation of the text (causal LM). CHECKPOINT is a folder like train.py's out/final."""
     import argparse
-    import data  # here, not at the top: the model itself needs no tokenizer (and data.py's dependencies)
-    p = argparse.ArgumentParser(description="Fill in [MASK]s (masked LM) or continue a prompt (causal LM).")
-    p.add_argument("checkpoint", help="folder with config.json, model.pt and tokenizer.json (train.py's out/final)")
+    # here, not at the top: the model itself needs no tokenizer (and data.py's dependencies)
+    import data
+    p = argparse.ArgumentParser(description="Fill in [MASK]s (masked LM) or continue a prompt "
+                                            "(causal LM).")
+    p.add_argument("checkpoint",
+                   help="folder with config.json, model.pt and tokenizer.json (train.py's "
+                        "out/final)")
     p.add_argument("text", help="text with one or more [MASK] (masked LM) or a prompt (causal LM)")
-    p.add_argument("--top-k", type=int, default=5, help="guesses per mask; causal LM: sample among the k most "
+    p.add_argument("--top-k", type=int, default=5,
+                   help="guesses per mask; causal LM: sample among the k most "
                    "likely tokens (0 = all)")
     p.add_argument("--max-new-tokens", type=int, default=20, help="tokens to generate (causal LM)")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (causal LM; 0 = greedy)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature (causal LM; 0 = greedy)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling (causal LM)")
     args = p.parse_args(argv)
     if not os.path.isdir(args.checkpoint):
@@ -659,12 +787,15 @@ def main(argv=None):
         net = load_model(args.checkpoint, "cuda" if torch.cuda.is_available() else "cpu")
         enc = data.load_tokenizer(tokenizer_path)
         if net.config["objective"] == "clm":
-            print(generate(net, enc, args.text, args.max_new_tokens, args.temperature, args.top_k or None, args.seed))
+            sampling = {"temperature": args.temperature, "top_k": args.top_k or None,
+                        "seed": args.seed}
+            print(generate(net, enc, args.text, args.max_new_tokens, sampling))
             return
         for i, guesses in enumerate(fill_mask(net, enc, args.text, args.top_k), start=1):
             print(f"[MASK] {i}: " + " | ".join(f"{token!r} {prob:.2f}" for token, prob in guesses))
     except ValueError as e:
-        # Bad input of any kind (folder, tokenizer, text) is a ValueError here: one line, no traceback.
+        # Bad input of any kind (folder, tokenizer, text) is a ValueError here: one line, no
+        # traceback.
         raise SystemExit(f"error: {e}") from None
 
 

@@ -7,21 +7,23 @@ Turns "I have H GPU hours" into "train this shape on this many tokens":
     python scaling.py fit runs/sweep/*                      # constants with bootstrap intervals -> fit.json
     python scaling.py plan --hours 24 --gpu a100 --fit fit.json
 
-The law is Chinchilla's parametric form (Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models",
-Eq. 2 and App. D.2): L(N, D) = E + A / N^alpha + B / D^beta, N parameters, D training tokens. It is fitted as they
-describe: log-space Huber loss (delta = 1e-3) on log L, from many starting points. Epoch AI's replication
-(Besiroglu et al. 2024, arXiv 2404.10102) showed that the published constants came from an optimizer that stopped
-early (mean-reduced loss under a tolerance on the objective) and were then rounded; so here the loss is summed,
-the optimizer (Levenberg-Marquardt, numpy only) stops only on step size, and nothing is rounded.
-With C = 6 N D the compute-optimal allocation is closed-form (Hoffmann et al. Sec. 3.3, Eq. 4):
-N*(C) = G (C/6)^a, D*(C) = (C/6)^b / G, G = (alpha A / (beta B))^(1 / (alpha + beta)), a = beta/(alpha+beta), b = 1-a.
+The law is Chinchilla's parametric form (Hoffmann et al. 2022, "Training Compute-Optimal Large
+Language Models", Eq. 2 and App. D.2): L(N, D) = E + A / N^alpha + B / D^beta, N parameters, D
+training tokens. It is fitted as they describe: log-space Huber loss (delta = 1e-3) on log L, from
+many starting points. Epoch AI's replication (Besiroglu et al. 2024, arXiv 2404.10102) showed that
+the published constants came from an optimizer that stopped early (mean-reduced loss under a
+tolerance on the objective) and were then rounded; so here the loss is summed, the optimizer
+(Levenberg-Marquardt, numpy only) stops only on step size, and nothing is rounded. With C = 6 N D
+the compute-optimal allocation is closed-form (Hoffmann et al. Sec. 3.3, Eq. 4):
+N*(C) = G (C/6)^a, D*(C) = (C/6)^b / G, G = (alpha A / (beta B))^(1 / (alpha + beta)), a =
+beta/(alpha+beta), b = 1-a.
 
-Conventions. N counts the parameters the way the constants were fitted: the published sets count all parameters
-(Chinchilla); our own fits use summary.json's "params" (non-embedding, Kaplan et al. 2020). The constant sets
-record which ("N_counts") and the shape planner matches N the same way. Points are dicts {"N", "D", "loss"} with
-optional "C" (training FLOPs actually spent) and "run_id" (points of one run are resampled together).
-numpy only; parameter and FLOP counts come from model.py (imported when needed: it pulls in torch); matplotlib
-only for the optional plot.
+Conventions. N counts the parameters the way the constants were fitted: the published sets count all
+parameters (Chinchilla); our own fits use summary.json's "params" (non-embedding, Kaplan et al.
+2020). The constant sets record which ("N_counts") and the shape planner matches N the same way.
+Points are dicts {"N", "D", "loss"} with optional "C" (training FLOPs actually spent) and "run_id"
+(points of one run are resampled together). numpy only; parameter and FLOP counts come from model.py
+(imported when needed: it pulls in torch); matplotlib only for the optional plot.
 """
 import argparse
 import csv
@@ -36,22 +38,26 @@ import numpy as np
 # -----------------------------------------------------------------------------
 # Accounting: hardware peaks, and hours x GPUs x MFU -> FLOPs -> tokens
 
-# The model FLOPs utilization every plan assumes: what a well-tuned small-model run reaches (nanoGPT measures
-# ~37% on an A100; PaLM App. B defines MFU). train.py's defaults and download size use it too (planning.py)
+# The model FLOPs utilization every plan assumes: what a well-tuned small-model run reaches
+# (nanoGPT measures ~37% on an A100; PaLM App. B defines MFU). train.py's defaults and its
+# download size use it too (planning.py)
 PLANNING_MFU = 0.4
 
-# Dense (no 2:4 sparsity) tensor-core peak FLOP/s for bf16 inputs with fp32 accumulation, per GPU, from the vendor
-# datasheets / architecture whitepapers (the same values as nanochat's get_peak_flops table where they overlap).
-# GeForce cards accumulate in fp32 at half their fp16-accumulate rate; pre-Ampere cards have no bf16, so their fp16
-# (fp32-accumulate) peak is listed, which is what torch autocast fp16 uses.
+# Dense (no 2:4 sparsity) tensor-core peak FLOP/s for bf16 inputs with fp32 accumulation, per GPU,
+# from the vendor datasheets / architecture whitepapers (the same values as nanochat's
+# get_peak_flops table where they overlap). GeForce cards accumulate in fp32 at half their
+# fp16-accumulate rate; pre-Ampere cards have no bf16, so their fp16 (fp32-accumulate) peak is
+# listed, which is what torch autocast fp16 uses.
 GPU_PEAK_FLOPS = {
-    "2080ti": 53.8e12,     # Turing whitepaper: RTX 2080 Ti 107.6 TF fp16-acc, 53.8 fp32-acc; fp16 only (cramming's GPU)
+    # Turing whitepaper: RTX 2080 Ti 107.6 TF fp16-acc, 53.8 fp32-acc; fp16 only (cramming's GPU)
+    "2080ti": 53.8e12,
     "v100": 125e12,        # V100 SXM2 datasheet, fp16 tensor; no bf16
     "t4": 65e12,           # T4 datasheet, fp16 tensor; no bf16
     "3090": 71e12,         # GA102 whitepaper: 142 TF fp16-acc, 71 fp32-acc (bf16)
     "a10": 125e12,         # A10 datasheet, bf16 dense
     "a40": 149.7e12,       # A40 datasheet, bf16 dense
-    "a6000": 154.8e12,     # RTX A6000 datasheet: 154.8 dense, 309.7 with sparsity (cramming's final GPU)
+    # RTX A6000 datasheet: 154.8 dense, 309.7 with sparsity (cramming's final GPU)
+    "a6000": 154.8e12,
     "4090": 165.2e12,      # Ada whitepaper: 165.2 fp32-acc dense, 330.3 with sparsity
     "l4": 121e12,          # L4 datasheet: 242 with sparsity
     "l40s": 362e12,        # L40S datasheet: 733 with sparsity
@@ -65,61 +71,75 @@ GPU_PEAK_FLOPS = {
 
 
 def peak_flops(gpu):
-    """Peak bf16 FLOP/s of one GPU: a table name ("a100", "H100 SXM", "rtx-4090"), a CUDA device name as
-    torch.cuda.get_device_name gives it ("NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 2080 Ti"), or a number of
-    FLOP/s such as "150e12" for hardware not in the table. Names match whole words ("A10G" is not an "A10")."""
+    """Peak bf16 FLOP/s of one GPU: a table name ("a100", "H100 SXM", "rtx-4090"), a CUDA device
+    name as torch.cuda.get_device_name gives it ("NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 2080
+    Ti"), or a number of FLOP/s such as "150e12" for hardware not in the table. Names match whole
+    words ("A10G" is not an "A10")."""
     try:
         if float(gpu) >= 1e9:
             return float(gpu)
     except (TypeError, ValueError):
         pass
     words = re.findall(r"[a-z0-9]+", str(gpu).lower())
-    for key in sorted(GPU_PEAK_FLOPS, key=lambda k: -len(k.replace("-", ""))):    # "h100-pcie" before "h100"
+    # "h100-pcie" before "h100"
+    for key in sorted(GPU_PEAK_FLOPS, key=lambda k: -len(k.replace("-", ""))):
         if any("".join(words[i:j]) == key.replace("-", "") for i in range(len(words))
                for j in range(i + 1, min(i + 3, len(words)) + 1)):
             return GPU_PEAK_FLOPS[key]
-    raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_PEAK_FLOPS)}, or give its peak in FLOP/s (>= 1e9)")
+    raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_PEAK_FLOPS)}, or give its peak "
+                     "in FLOP/s (>= 1e9)")
 
 
 def budget_flops(hours, gpu, n_gpus=1, mfu=0.4):
-    """Model FLOPs a budget buys: hours * 3600 * n_gpus * peak * MFU (MFU as PaLM defines it, App. B)."""
+    """Model FLOPs a budget buys: hours * 3600 * n_gpus * peak * MFU (MFU as PaLM defines it, App.
+    B)."""
     if not (hours > 0 and math.isfinite(hours)):
         raise ValueError(f"hours must be positive, got {hours!r}")
     if not (isinstance(n_gpus, int) and n_gpus >= 1) or not 0 < mfu <= 1:
-        raise ValueError(f"need an integer n_gpus >= 1 and mfu in (0, 1], got n_gpus={n_gpus!r}, mfu={mfu!r}")
+        raise ValueError(f"need an integer n_gpus >= 1 and mfu in (0, 1], got n_gpus={n_gpus!r}, "
+                         f"mfu={mfu!r}")
     return hours * 3600.0 * n_gpus * peak_flops(gpu) * mfu
 
 
 def model_accounting(cfg):
-    """Parameters and training FLOPs per token of a model.py config, from model.py itself (one source of truth)."""
+    """Parameters and training FLOPs per token of a model.py config, from model.py itself (one
+    source of truth)."""
     import model  # here, not at the top: fits and plots need no torch
-    return {"params": model.count_params(cfg, embeddings=False), "params_total": model.count_params(cfg),
+    return {"params": model.count_params(cfg, embeddings=False),
+            "params_total": model.count_params(cfg),
             "flops_per_token": model.flops_per_token(cfg)}
 
 
 def hours_to_tokens(hours, gpu, flops_per_token, n_gpus=1, mfu=0.4):
-    """How many tokens a model that costs flops_per_token (model.flops_per_token) trains on in the budget."""
+    """How many tokens a model that costs flops_per_token (model.flops_per_token) trains on in the
+    budget."""
     if not flops_per_token > 0:
         raise ValueError(f"flops_per_token must be positive, got {flops_per_token!r}")
     flops = budget_flops(hours, gpu, n_gpus, mfu)
     return {"flops": flops, "tokens": flops / flops_per_token,
-            "tokens_per_sec": flops / flops_per_token / (hours * 3600.0), "peak_flops": peak_flops(gpu)}
+            "tokens_per_sec": flops / flops_per_token / (hours * 3600.0),
+            "peak_flops": peak_flops(gpu)}
 
 
 # -----------------------------------------------------------------------------
 # The law and its compute-optimal frontier
 
 PUBLISHED = {
-    # Besiroglu et al. 2024 (Epoch AI): Chinchilla's own data refitted to convergence. The default: it also agrees
-    # with Chinchilla's Approaches 1 and 2 (about 20 tokens per parameter).
-    "epoch": {"E": 1.8172, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658, "N_counts": "total",
+    # Besiroglu et al. 2024 (Epoch AI): Chinchilla's own data refitted to convergence. The default:
+    # it also agrees with Chinchilla's Approaches 1 and 2 (about 20 tokens per parameter).
+    "epoch": {"E": 1.8172, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658,
+              "N_counts": "total",
               "source": "Besiroglu et al. 2024 (Epoch AI) refit of Chinchilla's data"},
-    # Hoffmann et al. 2022, Approach 3 as printed (rounded); implies 60-90 tokens/param at Chinchilla's budget.
-    "hoffmann": {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28, "N_counts": "total",
+    # Hoffmann et al. 2022, Approach 3 as printed (rounded); implies 60-90 tokens/param at
+    # Chinchilla's budget.
+    "hoffmann": {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28,
+                 "N_counts": "total",
                  "source": "Hoffmann et al. 2022 (Chinchilla), Approach 3"},
 }
-CAVEAT = ("published constants were fitted on decoder LMs trained on MassiveText (N = all parameters); "
-          "for BERT MLM on our data they only suggest an allocation: run `scaling.py sweep` and `fit` for your own")
+CAVEAT = ("published constants were fitted on decoder LMs trained on MassiveText (N = all "
+          "parameters); "
+          "for BERT MLM on our data they only suggest an allocation: run `scaling.py sweep` and "
+          "`fit` for your own")
 
 
 def predict_loss(N, D, params):
@@ -129,8 +149,9 @@ def predict_loss(N, D, params):
 
 
 def compute_optimal(C, params):
-    """argmin_N L(N, C / 6N) in closed form. Setting d/dN [A N^-alpha + B (C/6)^-beta N^beta] = 0 gives
-    N^(alpha+beta) = (alpha A / (beta B)) (C/6)^beta, hence N* = G (C/6)^a and D* = C / (6 N*) = (C/6)^b / G."""
+    """argmin_N L(N, C / 6N) in closed form. Setting d/dN [A N^-alpha + B (C/6)^-beta N^beta] = 0
+    gives N^(alpha+beta) = (alpha A / (beta B)) (C/6)^beta, hence N* = G (C/6)^a and D* = C / (6 N*)
+    = (C/6)^b / G."""
     if not (np.all(np.asarray(C) > 0) and np.all(np.isfinite(C))):
         raise ValueError(f"compute budget must be positive and finite, got {C!r}")
     alpha, beta = params["alpha"], params["beta"]
@@ -152,17 +173,19 @@ def tokens_for_params(N, params):
 # Robust fitting: Huber objective in log space, batched Levenberg-Marquardt over many starts
 
 def _huber(r, delta, w):
-    """Sum over points of w * Huber_delta(r): quadratic inside |r| <= delta, linear outside. (S, n) -> (S,)."""
+    """Sum over points of w * Huber_delta(r): quadratic inside |r| <= delta, linear outside. (S, n)
+    -> (S,)."""
     absr = np.abs(r)
     return np.sum(w * np.where(absr <= delta, 0.5 * r * r, delta * (absr - 0.5 * delta)), axis=-1)
 
 
 def _levenberg_marquardt(model, theta, w, delta, max_iter=1000, xtol=1e-10):
-    """Minimize sum_i w_i Huber(r_i(theta)) for S starting points at once. model(theta (S, P)) returns residuals
-    r (S, n) and their Jacobian J (S, n, P). Huber is handled by iteratively reweighted least squares: outside
-    |r| <= delta a point weighs delta/|r|, which makes the quadratic model an upper bound of the Huber loss, and a
-    step is kept only if the true summed objective decreases. A start stops when its accepted step is below xtol
-    (relative), or when no damping gives a decrease, never on the objective value (what cut Chinchilla's fit short)."""
+    """Minimize sum_i w_i Huber(r_i(theta)) for S starting points at once. model(theta (S, P))
+    returns residuals r (S, n) and their Jacobian J (S, n, P). Huber is handled by iteratively
+    reweighted least squares: outside |r| <= delta a point weighs delta/|r|, which makes the
+    quadratic model an upper bound of the Huber loss, and a step is kept only if the true summed
+    objective decreases. A start stops when its accepted step is below xtol (relative), or when no
+    damping gives a decrease, never on the objective value (what cut Chinchilla's fit short)."""
     theta = np.array(theta, float)
     S, P = theta.shape
     r, J = model(theta)
@@ -175,12 +198,16 @@ def _levenberg_marquardt(model, theta, w, delta, max_iter=1000, xtol=1e-10):
         if act.size == 0:
             break
         ra, Ja, wa = r[act], J[act], w[act]
-        irls = wa * (delta / np.maximum(np.abs(ra), delta))                         # 1 inside |r| <= delta
-        grad = np.einsum("snp,sn->sp", Ja, wa * np.clip(ra, -delta, delta))        # (s, P), exact gradient
+        # 1 inside |r| <= delta
+        irls = wa * (delta / np.maximum(np.abs(ra), delta))
+        # (s, P), exact gradient
+        grad = np.einsum("snp,sn->sp", Ja, wa * np.clip(ra, -delta, delta))
         H = np.swapaxes(Ja * irls[..., None], 1, 2) @ Ja                              # (s, P, P)
         diag = np.diagonal(H, axis1=1, axis2=2)
-        diag = np.maximum(diag, 1e-12 * diag.max(axis=1, keepdims=True) + 1e-300)  # Marquardt scaling
-        step = -np.linalg.solve(H + lam[act, None, None] * (diag[:, :, None] * np.eye(P)), grad[..., None])[..., 0]
+        # Marquardt scaling
+        diag = np.maximum(diag, 1e-12 * diag.max(axis=1, keepdims=True) + 1e-300)
+        step = -np.linalg.solve(H + lam[act, None, None] * (diag[:, :, None] * np.eye(P)),
+                                grad[..., None])[..., 0]
         trial = theta[act] + step
         r_t, J_t = model(trial)
         f_t = _huber(r_t, delta, wa)
@@ -192,21 +219,25 @@ def _levenberg_marquardt(model, theta, w, delta, max_iter=1000, xtol=1e-10):
         iters[act] += 1
         small = np.max(np.abs(step), axis=1) <= xtol * (1.0 + np.max(np.abs(trial), axis=1))
         done[act[(ok & small) | (lam[act] > 1e16)]] = True
-    grad = np.einsum("snp,sn->sp", J, w * np.clip(r, -delta, delta))               # r, J are kept at theta
+    # r, J are kept at theta
+    grad = np.einsum("snp,sn->sp", J, w * np.clip(r, -delta, delta))
     return {"theta": theta, "objective": f, "converged": done, "iterations": iters,
             "grad_norm": np.max(np.abs(grad), axis=1), "residuals": r}
 
 
 def _lse_model(X, logy):
-    """Residuals and Jacobian of log y = LSE(c_1 - s_1 X_1, .., c_m - s_m X_m, e) - log y_obs, batched over
-    theta = (c_1..c_m, e, s_1..s_m) (S, 2m+1). Chinchilla (Hoffmann et al. App. D.2): X = (ln N, ln D) centred,
-    theta = (a, b, e, alpha, beta) with A = exp(a), B = exp(b), E = exp(e); the power law: X = (ln C,), (a, e, k).
-    Centring (x = ln N - mean ln N) keeps the columns apart; the caller adds s_j * mean back to c_j."""
+    """Residuals and Jacobian of log y = LSE(c_1 - s_1 X_1, .., c_m - s_m X_m, e) - log y_obs,
+    batched over theta = (c_1..c_m, e, s_1..s_m) (S, 2m+1). Chinchilla (Hoffmann et al. App. D.2): X
+    = (ln N, ln D) centred, theta = (a, b, e, alpha, beta) with A = exp(a), B = exp(b), E = exp(e);
+    the power law: X = (ln C,), (a, e, k). Centring (x = ln N - mean ln N) keeps the columns apart;
+    the caller adds s_j * mean back to c_j."""
     m = X.shape[0]
     def model(theta):
         t = np.concatenate([theta[:, :m, None] - theta[:, m + 1:, None] * X,
-                            np.broadcast_to(theta[:, m, None, None], (len(theta), 1, X.shape[1]))], axis=1)
-        mx = t.max(axis=1, keepdims=True)                                           # (S, m+1, n) terms
+                            np.broadcast_to(theta[:, m, None, None], (len(theta), 1, X.shape[1]))],
+                            axis=1)
+        # (S, m+1, n) terms
+        mx = t.max(axis=1, keepdims=True)
         e = np.exp(t - mx)
         p = e / e.sum(axis=1, keepdims=True)                                        # d LSE / d term
         J = np.concatenate([p, -p[:, :m] * X], axis=1).transpose(0, 2, 1)          # (S, n, 2m+1)
@@ -215,7 +246,8 @@ def _lse_model(X, logy):
 
 
 def _thin(order, coords, k, min_dist):
-    """The first k indices of `order` whose coords are at least min_dist apart (diverse starting points)."""
+    """The first k indices of `order` whose coords are at least min_dist apart (diverse starting
+    points)."""
     picked = []
     for i in order:
         if all(np.max(np.abs(coords[i] - coords[j])) >= min_dist for j in picked):
@@ -226,27 +258,35 @@ def _thin(order, coords, k, min_dist):
 
 
 def _projection_starts(X, y, grid, k=8):
-    """Starting points by variable projection: for fixed exponents the law is linear in its coefficients (E, A, B),
-    so solve the least-squares problem for every exponent combination on `grid` (residuals divided by y, close to
-    log residuals), keep solutions with all coefficients > 0, and start from the k best that are at least two grid
-    steps apart. 47 x 47 exponent pairs cost a few milliseconds and land in the basin of the full paper grid."""
+    """Starting points by variable projection: for fixed exponents the law is linear in its
+    coefficients (E, A, B), so solve the least-squares problem for every exponent combination on
+    `grid` (residuals divided by y, close to log residuals), keep solutions with all coefficients >
+    0, and start from the k best that are at least two grid steps apart. 47 x 47 exponent pairs cost
+    a few milliseconds and land in the basin of the full paper grid."""
     m = X.shape[0]
-    S = np.stack(np.meshgrid(*[grid] * m, indexing="ij"), axis=-1).reshape(-1, m)     # (P, m) exponents
-    Z = np.concatenate([np.exp(-S[:, :, None] * X), np.ones((len(S), 1, X.shape[1]))], axis=1)  # (P, m+1, n)
+    # (P, m) exponents
+    S = np.stack(np.meshgrid(*[grid] * m, indexing="ij"), axis=-1).reshape(-1, m)
+    # (P, m+1, n)
+    Z = np.concatenate([np.exp(-S[:, :, None] * X), np.ones((len(S), 1, X.shape[1]))], axis=1)
     Zw = Z / y ** 2
     with np.errstate(all="ignore"):
         rhs = Zw @ y
-        coef = np.linalg.solve(Zw @ Z.transpose(0, 2, 1) + 1e-12 * np.eye(m + 1), rhs[..., None])[..., 0]
-        sse = np.sum(np.ones_like(y)) - np.sum(coef * rhs, axis=-1)                # sum (1 - fit/y)^2
+        coef = np.linalg.solve(Zw @ Z.transpose(0, 2, 1) + 1e-12 * np.eye(m + 1), rhs[...,
+                                                                                      None])[..., 0]
+        # sum (1 - fit/y)^2
+        sse = np.sum(np.ones_like(y)) - np.sum(coef * rhs, axis=-1)
     ok = np.flatnonzero(np.all(coef > 0, axis=1) & np.isfinite(sse))
-    if ok.size == 0:                                                               # no positive solution: a guess
+    # no positive solution: a guess
+    if ok.size == 0:
         return np.concatenate([np.zeros(m), [np.log(y.min()) - 0.1], np.full(m, 0.3)])[None]
-    picked = _thin(ok[np.argsort(sse[ok], kind="stable")], S, k, 2 * (grid[1] - grid[0]) - 1e-12)  # grid indices
+    # grid indices
+    picked = _thin(ok[np.argsort(sse[ok], kind="stable")], S, k, 2 * (grid[1] - grid[0]) - 1e-12)
     return np.concatenate([np.log(coef[picked]), S[picked]], axis=1)
 
 
 def _multistart(model, starts, w, delta, keep=8):
-    """Run LM from every start; with many starts, first 25 iterations for all, then the best `keep` to the end."""
+    """Run LM from every start; with many starts, first 25 iterations for all, then the best `keep`
+    to the end."""
     if len(starts) > keep:
         rough = _levenberg_marquardt(model, starts, w, delta, max_iter=25)
         starts = rough["theta"][np.argsort(rough["objective"], kind="stable")[:keep]]
@@ -256,44 +296,55 @@ def _multistart(model, starts, w, delta, keep=8):
 
 
 def _check_points(points, n_params, what):
-    """Points (list of dicts) -> canonical order and arrays; ValueError naming the problem. Sorting makes the fit
-    independent of input order to the last bit."""
+    """Points (list of dicts) -> canonical order and arrays; ValueError naming the problem. Sorting
+    makes the fit independent of input order to the last bit."""
     if len(points) < n_params:
-        raise ValueError(f"{what}: need at least {n_params} points (one per parameter), got {len(points)}")
+        raise ValueError(f"{what}: need at least {n_params} points (one per parameter), got "
+                         f"{len(points)}")
     for i, p in enumerate(points):
         for key in ("N", "D", "loss"):
             v = p.get(key) if isinstance(p, dict) else None
-            if v is None or not isinstance(v, (int, float, np.number)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{what}: point {i} needs a positive finite {key!r}, got {v!r} in {p!r}")
+            if v is None or not isinstance(v, (int, float,
+                                               np.number)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{what}: point {i} needs a positive finite {key!r}, got {v!r} in "
+                                 f"{p!r}")
     pts = sorted(points, key=lambda p: (p["N"], p["D"], p["loss"], str(p.get("run_id", ""))))
     N, D, L = (np.array([p[k] for p in pts], float) for k in ("N", "D", "loss"))
     if np.unique(N).size < 2 or np.unique(D).size < 2:
-        raise ValueError(f"{what}: need at least 2 distinct model sizes N and 2 distinct token counts D")
+        raise ValueError(f"{what}: need at least 2 distinct model sizes N and 2 distinct token "
+                         "counts D")
     return pts, N, D, L
 
 
 def _to_params(theta, x_ref, y_ref):
-    """Centred (a, b, e, alpha, beta) -> the constants in the units of the data, plus a, b and G of the frontier."""
+    """Centred (a, b, e, alpha, beta) -> the constants in the units of the data, plus a, b and G of
+    the frontier."""
     a, b, e, alpha, beta = theta
     params = {"E": math.exp(e), "A": math.exp(a + alpha * x_ref), "B": math.exp(b + beta * y_ref),
               "alpha": float(alpha), "beta": float(beta)}
-    opt = compute_optimal(1.0, params) if alpha > 0 and beta > 0 else {"a": math.nan, "b": math.nan, "G": math.nan}
+    opt = compute_optimal(1.0, params) if alpha > 0 and beta > 0 else {"a": math.nan, "b": math.nan,
+                                                                       "G": math.nan}
     return {**params, "a": opt["a"], "b": opt["b"], "G": opt["G"]}
 
 
 def fit_chinchilla(points, delta=1e-3, init="projection"):
-    """Fit the law to points [{"N", "D", "loss"}, ...] as the module docstring describes. init="projection" (fast,
-    default) starts from the best variable-projection solutions, init="grid" from the paper's 4500-point grid (slower,
-    same answer). Returns unrounded constants, a, b, G, the objective, convergence and log-residual diagnostics."""
+    """Fit the law to points [{"N", "D", "loss"}, ...] as the module docstring describes.
+    init="projection" (fast, default) starts from the best variable-projection solutions,
+    init="grid" from the paper's 4500-point grid (slower, same answer). Returns unrounded constants,
+    a, b, G, the objective, convergence and log-residual diagnostics."""
     pts, N, D, L = _check_points(points, 5, "fit_chinchilla")
     x_ref, y_ref = np.log(N).mean(), np.log(D).mean()
     X = np.stack([np.log(N) - x_ref, np.log(D) - y_ref])
     model = _lse_model(X, np.log(L))
     if init == "projection":
         starts = _projection_starts(X, L, np.arange(0.05, 1.2001, 0.025))
-    elif init == "grid":                  # Hoffmann et al.'s 4500 initialisations (App. D.2), in centred units
-        a, b, e, al, be = (g.ravel() for g in np.meshgrid(np.arange(0, 26, 5.0), np.arange(0, 26, 5.0),
-                           np.arange(-1, 1.01, 0.5), np.arange(0, 2.01, 0.5), np.arange(0, 2.01, 0.5), indexing="ij"))
+    # Hoffmann et al.'s 4500 initialisations (App. D.2), in centred units
+    elif init == "grid":
+        a, b, e, al, be = (g.ravel() for g in np.meshgrid(np.arange(0, 26, 5.0), np.arange(0, 26,
+                                                                                           5.0),
+                           np.arange(-1, 1.01, 0.5), np.arange(0, 2.01, 0.5), np.arange(0, 2.01,
+                                                                                        0.5),
+                                                                                        indexing="ij"))
         starts = np.stack([a - al * x_ref, b - be * y_ref, e, al, be], axis=1)
     else:
         raise ValueError(f"init must be 'projection' or 'grid', got {init!r}")
@@ -301,68 +352,84 @@ def fit_chinchilla(points, delta=1e-3, init="projection"):
     r = best["residuals"]
     return {**_to_params(best["theta"], x_ref, y_ref), "objective": float(best["objective"]),
             "converged": bool(best["converged"]), "iterations": int(best["iterations"]),
-            "grad_norm": float(best["grad_norm"]), "rms_log_residual": float(np.sqrt(np.mean(r * r))),
+            "grad_norm": float(best["grad_norm"]),
+            "rms_log_residual": float(np.sqrt(np.mean(r * r))),
             "max_log_residual": float(np.max(np.abs(r))), "n_points": len(pts),
-            "n_runs": len({p.get("run_id", i) for i, p in enumerate(pts)}), "delta": delta, "init": init,
+            "n_runs": len({p.get("run_id", i) for i, p in enumerate(pts)}), "delta": delta,
+            "init": init,
             "_theta": best["theta"], "_ref": (x_ref, y_ref)}
 
 
 def bootstrap(points, fit=None, n_boot=200, seed=0, level=0.95, delta=1e-3):
-    """Confidence intervals by resampling runs with replacement (all evaluations of a run go together; a point
-    without "run_id" is its own run), each resample refitted from the full fit (Epoch's warm start), all resamples
-    in one batched LM: a resample is a vector of per-point counts used as Huber weights.
-    Returns {"intervals": {name: [lo, median, hi]}, "samples": {name: array}, ...}."""
-    fit = fit if fit and "_theta" in fit else fit_chinchilla(points, delta)     # warm start needs fit_chinchilla's
+    """Confidence intervals by resampling runs with replacement (all evaluations of a run go
+    together; a point without "run_id" is its own run), each resample refitted from the full fit
+    (Epoch's warm start), all resamples in one batched LM: a resample is a vector of per-point
+    counts used as Huber weights. Returns {"intervals": {name: [lo, median, hi]}, "samples": {name:
+    array}, ...}."""
+    # warm start needs fit_chinchilla's
+    fit = fit if fit and "_theta" in fit else fit_chinchilla(points, delta)
     pts, N, D, L = _check_points(points, 5, "bootstrap")
     x_ref, y_ref = fit["_ref"]
     model = _lse_model(np.stack([np.log(N) - x_ref, np.log(D) - y_ref]), np.log(L))
     keys = [str(p["run_id"]) if "run_id" in p else f"#point{i}" for i, p in enumerate(pts)]
     groups, index = np.unique(keys, return_inverse=True)
     rng = np.random.default_rng(seed)
-    counts = rng.multinomial(len(groups), np.full(len(groups), 1.0 / len(groups)), size=n_boot)  # (n_boot, runs)
-    out = _levenberg_marquardt(model, np.repeat(fit["_theta"][None], n_boot, 0), counts[:, index], delta)
+    # (n_boot, runs)
+    counts = rng.multinomial(len(groups), np.full(len(groups), 1.0 / len(groups)), size=n_boot)
+    out = _levenberg_marquardt(model, np.repeat(fit["_theta"][None], n_boot, 0), counts[:, index],
+                               delta)
     draws = [_to_params(t, x_ref, y_ref) for t in out["theta"]]
-    samples = {k: np.array([d[k] for d in draws]) for k in ("E", "A", "B", "alpha", "beta", "a", "b", "G")}
+    samples = {k: np.array([d[k] for d in draws]) for k in ("E", "A", "B", "alpha", "beta", "a",
+                                                            "b", "G")}
     q = [50 * (1 - level), 50.0, 50 * (1 + level)]
     return {"n_boot": n_boot, "seed": seed, "level": level, "n_runs": len(groups),
             "converged_fraction": float(out["converged"].mean()),
-            "intervals": {k: [float(v) for v in np.nanpercentile(s, q)] for k, s in samples.items()},
+            "intervals": {k: [float(v) for v in np.nanpercentile(s, q)] for k,
+                          s in samples.items()},
             "samples": samples}
 
 
 def allocation_band(C, boot, level=None):
-    """Bootstrap interval of N*(C) and D*(C): push every resampled parameter set through compute_optimal."""
+    """Bootstrap interval of N*(C) and D*(C): push every resampled parameter set through
+    compute_optimal."""
     s = boot["samples"]
     level = level or boot["level"]
-    opt = [compute_optimal(C, {k: s[k][i] for k in ("E", "A", "B", "alpha", "beta")}) for i in range(len(s["E"]))]
+    opt = [compute_optimal(C, {k: s[k][i] for k in ("E", "A", "B", "alpha",
+                                                    "beta")}) for i in range(len(s["E"]))]
     q = [50 * (1 - level), 50.0, 50 * (1 + level)]
     return {k: [float(v) for v in np.nanpercentile([o[k] for o in opt], q)] for k in ("N", "D")}
 
 
 def fit_power_law(x, y, delta=1e-3):
-    """Saturating power law y = E + A x^-k (Kaplan et al. 2020's L(C) with an irreducible term, as BigScience fitted
-    loss against compute), fitted like the parametric law: log-space Huber from variable-projection starts."""
+    """Saturating power law y = E + A x^-k (Kaplan et al. 2020's L(C) with an irreducible term, as
+    BigScience fitted loss against compute), fitted like the parametric law: log-space Huber from
+    variable-projection starts."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     if x.size < 3 or x.shape != y.shape:
-        raise ValueError(f"fit_power_law: need at least 3 (x, y) pairs of equal length, got {x.size} and {y.size}")
+        raise ValueError("fit_power_law: need at least 3 (x, y) pairs of equal length, got "
+                         f"{x.size} and {y.size}")
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and np.all(x > 0) and np.all(y > 0)):
         raise ValueError("fit_power_law: x and y must be positive and finite")
     x_ref = np.log(x).mean()
     X = (np.log(x) - x_ref)[None]
-    best = _multistart(_lse_model(X, np.log(y)), _projection_starts(X, y, np.arange(0.005, 2.0, 0.005)),
+    best = _multistart(_lse_model(X, np.log(y)), _projection_starts(X, y, np.arange(0.005, 2.0,
+                                                                                    0.005)),
                        np.ones_like(y), delta)
     a, e, k = best["theta"]
-    return {"E": math.exp(e), "A": math.exp(a + k * x_ref), "k": float(k), "objective": float(best["objective"]),
+    return {"E": math.exp(e), "A": math.exp(a + k * x_ref), "k": float(k),
+            "objective": float(best["objective"]),
             "converged": bool(best["converged"]), "n_points": int(x.size)}
 
 
 def _compute(p):
-    """Training FLOPs of a point: the measured "C" when the run recorded it, else 6 N D (Kaplan et al. 2020)."""
+    """Training FLOPs of a point: the measured "C" when the run recorded it, else 6 N D (Kaplan et
+    al. 2020)."""
     return p["C"] if p.get("C") else 6.0 * p["N"] * p["D"]
 
 
 def frontier(points):
-    """The points that set a new lowest loss as compute grows (the loss-vs-compute frontier BigScience fitted)."""
+    """The points that set a new lowest loss as compute grows (the loss-vs-compute frontier
+    BigScience fitted)."""
     best, out = math.inf, []
     for p in sorted(points, key=lambda p: (_compute(p), p["loss"])):
         if p["loss"] < best:
@@ -382,9 +449,10 @@ def final_points(points):
 
 
 def fit_isoflop(points, tol=0.25):
-    """Chinchilla Approach 2, as a cross-check of the parametric fit: final points grouped into budgets (compute
-    within a factor 1 + tol), a parabola of loss in ln N per budget with >= 3 sizes, its vertex N_opt (kept only when
-    inside the sampled sizes), D_opt interpolated from the runs, then power laws N_opt ~ C^a and D_opt ~ C^b."""
+    """Chinchilla Approach 2, as a cross-check of the parametric fit: final points grouped into
+    budgets (compute within a factor 1 + tol), a parabola of loss in ln N per budget with >= 3
+    sizes, its vertex N_opt (kept only when inside the sampled sizes), D_opt interpolated from the
+    runs, then power laws N_opt ~ C^a and D_opt ~ C^b."""
     pts = sorted(final_points(points), key=_compute)
     groups, budgets, skipped = [], [], []
     for p in pts:
@@ -402,7 +470,8 @@ def fit_isoflop(points, tol=0.25):
         c2, c1, c0 = np.polyfit(lnN, L, 2)
         x_opt = -c1 / (2 * c2) if c2 > 0 else math.nan
         if not lnN.min() <= x_opt <= lnN.max():
-            skipped.append({"C": C, "why": "loss has no minimum inside the sampled sizes; widen the sweep"})
+            skipped.append({"C": C,
+                            "why": "loss has no minimum inside the sampled sizes; widen the sweep"})
             continue
         d1, d0 = np.polyfit(lnN, lnD, 1)
         budgets.append({"C": C, "N_opt": math.exp(x_opt), "D_opt": math.exp(d1 * x_opt + d0),
@@ -418,15 +487,28 @@ def fit_isoflop(points, tol=0.25):
 # -----------------------------------------------------------------------------
 # Planning: a concrete shape for a target N, and the train.py command for it
 
-def suggest_shape(n_target, preset="base", count="non_embedding", aspect=64, head_dim=64, multiple_of=128, **overrides):
-    """The model.py config (preset + overrides) whose parameter count is closest to n_target, with d_model a
-    multiple of 128 (GPU tiles; BigScience required hidden % 128 == 0), heads of 64, the preset's ffn_dim / d_model
-    ratio (rounded to a multiple of 128) and the vocabulary padded to a multiple of 64 (model.padded_vocab_size).
-    Shape matters little for loss at fixed N (Kaplan et al. 2020, Fig. 5: aspect ratios 40x apart are within a few
-    percent), so ties are broken towards d_model / n_layers = aspect (64 as BERT-base and GPT-2 small): the score is
-    |ln(N / n_target)| + 0.05 |ln(ratio / aspect)| (a ratio 2x off costs as much as 3.5% in N), plus the distance of
-    ln(ratio) outside [aspect/4, 4 aspect], so tiny targets (where the vocabulary dominates N) stay sane shapes.
-    count: "non_embedding" or "total", the convention of the constants that produced n_target."""
+# The shape rules of suggest_shape; pass a dict with the keys to change
+SHAPE = {
+    "aspect": 64,        # preferred d_model / n_layers, as BERT-base (768/12) and GPT-2 small
+    "head_dim": 64,      # BERT's and GPT-2's head size; heads follow the width
+    "multiple_of": 128,  # d_model and ffn_dim step: GPU matmul tiles (BigScience: hidden % 128 == 0)
+}
+
+
+def suggest_shape(n_target, preset="base", count="non_embedding", rules=None, **overrides):
+    """The model.py config (preset + overrides) whose parameter count is closest to n_target, with
+    d_model a multiple of 128 (GPU tiles; BigScience required hidden % 128 == 0), heads of 64, the
+    preset's ffn_dim / d_model ratio (rounded to a multiple of 128) and the vocabulary padded to a
+    multiple of 64 (model.padded_vocab_size). Shape matters little for loss at fixed N (Kaplan et
+    al. 2020, Fig. 5: aspect ratios 40x apart are within a few percent), so ties are broken towards
+    d_model / n_layers = aspect (64 as BERT-base and GPT-2 small): the score is |ln(N / n_target)| +
+    0.05 |ln(ratio / aspect)| (a ratio 2x off costs as much as 3.5% in N), plus the distance of
+    ln(ratio) outside [aspect/4, 4 aspect], so tiny targets (where the vocabulary dominates N) stay
+    sane shapes. count: "non_embedding" or "total", the convention of the constants that produced
+    n_target. rules: the keys of SHAPE to change."""
+    rules = {**SHAPE, **(rules or {})}
+    aspect, head_dim, multiple_of = rules["aspect"], rules["head_dim"], rules["multiple_of"]
+    # imported here so that the fits above run with numpy alone (no torch)
     import model
     if not n_target > 0:
         raise ValueError(f"target parameter count must be positive, got {n_target!r}")
@@ -440,7 +522,8 @@ def suggest_shape(n_target, preset="base", count="non_embedding", aspect=64, hea
     for d in range(multiple_of, 64 * 1024 + 1, multiple_of):
         ffn = max(multiple_of, round(ratio * d / multiple_of) * multiple_of)
         for L in range(2, 513):
-            cfg = model.make_config(preset, **{**overrides, "n_layers": L, "d_model": d, "n_heads": d // head_dim,
+            cfg = model.make_config(preset, **{**overrides, "n_layers": L, "d_model": d,
+                                               "n_heads": d // head_dim,
                                                "ffn_dim": ffn, "vocab_size": vocab})
             n = model.count_params(cfg, embeddings=(count == "total"))
             ln_ar = math.log(d / L)
@@ -451,26 +534,33 @@ def suggest_shape(n_target, preset="base", count="non_embedding", aspect=64, hea
             if n > 2 * n_target:
                 break
         if L == 2 and n > 2 * n_target:
-            break                                                   # even 2 layers of this width are too big
+            # even 2 layers of this width are too big
+            break
     cfg = best[1]
     acct = model_accounting(cfg)
-    return {"preset": preset, **{k: cfg[k] for k in ("n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size",
-                                                     "max_seq_len", "objective")},
+    keys = ("n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size", "max_seq_len", "objective")
+    return {"preset": preset, **{k: cfg[k] for k in keys},
             "aspect_ratio": cfg["d_model"] / cfg["n_layers"], "count": count,
-            "N": acct["params_total"] if count == "total" else acct["params"], **acct, "config": cfg}
+            "N": acct["params_total"] if count == "total" else acct["params"], **acct,
+            "config": cfg}
 
 
-def train_command(shape, hours=None, max_tokens=None, out=None, data=None, seq_len=None, objective=None):
-    """The train.py command line for a suggested shape: --model preset plus the shape overrides (and budget)."""
-    flags = [("model", shape["preset"]), ("n-layers", shape["n_layers"]), ("d-model", shape["d_model"]),
-             ("n-heads", shape["n_heads"]), ("ffn-dim", shape["ffn_dim"]), ("objective", objective),
+def train_command(shape, run=None):
+    """The train.py command line for a suggested shape: --model preset plus the shape overrides (and
+    budget). run: any of hours, max_tokens, out, data, seq_len, objective (unset ones are left out)."""
+    run = run or {}
+    hours, max_tokens, objective = run.get("hours"), run.get("max_tokens"), run.get("objective")
+    seq_len, data, out = run.get("seq_len"), run.get("data"), run.get("out")
+    flags = [("model", shape["preset"]), ("n-layers", shape["n_layers"]),
+             ("d-model", shape["d_model"]), ("n-heads", shape["n_heads"]), ("ffn-dim", shape["ffn_dim"]), ("objective", objective),
              ("max-seq-len", seq_len), ("data", data), ("hours", hours and f"{hours:.4g}"),
              ("max-tokens", max_tokens and int(max_tokens)), ("out", out)]
     return " ".join(["python train.py"] + [f"--{k} {v}" for k, v in flags if v])
 
 
 def load_constants(fit_path=None, constants="epoch"):
-    """Law constants: a fit.json written by `scaling.py fit`, else a published set from PUBLISHED."""
+    """Law constants: a fit.json written by `scaling.py fit`, else a published set from
+    PUBLISHED."""
     if fit_path is None:
         if constants not in PUBLISHED:
             raise ValueError(f"unknown constants {constants!r}; choose from {', '.join(PUBLISHED)}")
@@ -481,40 +571,74 @@ def load_constants(fit_path=None, constants="epoch"):
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{fit_path}: cannot read a fit JSON ({e})") from None
     fit = blob.get("fit", blob)
-    missing = [k for k in ("E", "A", "B", "alpha", "beta") if not isinstance(fit.get(k), (int, float))]
+    missing = [k for k in ("E", "A", "B", "alpha", "beta") if not isinstance(fit.get(k), (int,
+                                                                                          float))]
     if missing:
         raise ValueError(f"{fit_path}: not a scaling.py fit (missing {', '.join(missing)})")
     return {**fit, "N_counts": fit.get("N_counts", "non_embedding"), "name": fit_path,
             "source": f"own fit {fit_path} ({fit.get('n_points', '?')} points)"}
 
 
-def plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, preset="base", out=None, data=None, seq_len=None, objective=None):
-    """Budget -> C -> compute-optimal N*, D* -> nearest shape -> tokens that shape gets in the budget at its real
-    FLOPs per token (6N plus attention and the output layer, so usually a little fewer than D*) -> command."""
-    params = params or load_constants()
+# What plan and sweep_plan assume besides hours and GPU; pass a dict with the keys to change
+PLAN = {
+    "n_gpus": 1,         # data-parallel GPUs: C grows linearly with them
+    "mfu": 0.4,          # model FLOPs utilization: a safe guess (nanochat reaches ~51% on H100s)
+    "params": None,      # law constants (load_constants); None: the published "epoch" set
+    "preset": "base",    # model.py preset whose options (and ffn_dim / d_model) the shapes keep
+    "out": None,         # plan's --out; None: runs/plan_LxD
+    "data": None,        # --data for the commands
+    "seq_len": None,     # --max-seq-len for the shapes and commands
+    "objective": None,   # --objective (mlm | clm) for the shapes and commands
+    # sweep_plan only (Hoffmann et al. 2022, Approach 2: IsoFLOP profiles)
+    "budgets": 3,        # compute levels
+    "sizes": 5,          # model sizes per level: enough points for a parabola's minimum
+    "ratio": 3.0,        # compute ratio between levels
+    "spread": 3.0,       # sizes from N*/spread to N*·spread
+    "out_dir": "runs/sweep",
+}
+
+
+def plan(hours, gpu, options=None):
+    """Budget -> C -> compute-optimal N*, D* -> nearest shape -> tokens that shape gets in the
+    budget at its real FLOPs per token (6N plus attention and the output layer, so usually a little
+    fewer than D*) -> command. options: the keys of PLAN to change."""
+    o = {**PLAN, **(options or {})}
+    n_gpus, mfu, preset, out = o["n_gpus"], o["mfu"], o["preset"], o["out"]
+    seq_len, objective = o["seq_len"], o["objective"]
+    params = o["params"] or load_constants()
     C = budget_flops(hours, gpu, n_gpus, mfu)
     opt = compute_optimal(C, params)
     overrides = {k: v for k, v in (("max_seq_len", seq_len), ("objective", objective)) if v}
     shape = suggest_shape(float(opt["N"]), preset, count=params["N_counts"], **overrides)
     tok = hours_to_tokens(hours, gpu, shape["flops_per_token"], n_gpus, mfu)
     out = out or f"runs/plan_{shape['n_layers']}x{shape['d_model']}"
-    return {"hours": hours, "gpu": gpu, "n_gpus": n_gpus, "mfu": mfu, "peak_flops": peak_flops(gpu), "C": C,
-            "constants": params.get("name"), "source": params.get("source"), "N_opt": float(opt["N"]),
+    return {"hours": hours, "gpu": gpu, "n_gpus": n_gpus, "mfu": mfu, "peak_flops": peak_flops(gpu),
+            "C": C,
+            "constants": params.get("name"), "source": params.get("source"),
+            "N_opt": float(opt["N"]),
             "D_opt": float(opt["D"]), "tokens_per_param": float(opt["tokens_per_param"]),
-            "loss_opt": float(opt["loss"]), "shape": {k: v for k, v in shape.items() if k != "config"},
+            "loss_opt": float(opt["loss"]), "shape": {k: v for k,
+                                                      v in shape.items() if k != "config"},
             "tokens": tok["tokens"], "tokens_per_sec": tok["tokens_per_sec"],
             "loss_shape": float(predict_loss(shape["N"], tok["tokens"], params)),
-            "command": train_command(shape, hours, tok["tokens"], out, data, seq_len, objective)}
+            "command": train_command(shape, {"hours": hours, "max_tokens": tok["tokens"], "out": out,
+                                             "data": o["data"], "seq_len": seq_len,
+                                             "objective": objective})}
 
 
-def sweep_plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, budgets=3, sizes=5, ratio=3.0, spread=3.0,
-               preset="base", data=None, seq_len=None, objective=None, out_dir="runs/sweep"):
-    """A small IsoFLOP sweep (Hoffmann et al. Approach 2; nanochat's runs/scaling_laws.sh) that spends `hours` in
-    total: `budgets` compute levels `ratio` apart, at each `sizes` shapes from N*/spread to N*·spread around the
-    current constants' optimum (so D/N spans about spread^4 and the loss curve has a visible minimum). Every run
-    gets its own horizon (--max-tokens), so its schedule ends where its point is measured; its --hours is a safety
-    cap at 1.5x the estimate (train.py stops at whichever comes first, its schedules follow the nearer one)."""
-    params = params or load_constants()
+def sweep_plan(hours, gpu, options=None):
+    """A small IsoFLOP sweep (Hoffmann et al. Approach 2; nanochat's runs/scaling_laws.sh) that
+    spends `hours` in total: `budgets` compute levels `ratio` apart, at each `sizes` shapes from
+    N*/spread to N*·spread around the current constants' optimum (so D/N spans about spread^4 and
+    the loss curve has a visible minimum). Every run gets its own horizon (--max-tokens), so its
+    schedule ends where its point is measured; its --hours is a safety cap at 1.5x the estimate
+    (train.py stops at whichever comes first, its schedules follow the nearer one). options: the
+    keys of PLAN to change."""
+    o = {**PLAN, **(options or {})}
+    n_gpus, mfu, preset, seq_len, objective = (o["n_gpus"], o["mfu"], o["preset"], o["seq_len"],
+                                               o["objective"])
+    budgets, sizes, ratio, spread = o["budgets"], o["sizes"], o["ratio"], o["spread"]
+    params = o["params"] or load_constants()
     if budgets < 1 or sizes < 1 or ratio <= 1 or spread < 1:
         raise ValueError("need budgets >= 1, sizes >= 1, ratio > 1 and spread >= 1")
     C_total = budget_flops(hours, gpu, n_gpus, mfu)
@@ -529,15 +653,19 @@ def sweep_plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, budgets=3, sizes=5, r
         for f in np.geomspace(1 / spread, spread, sizes):
             shape = suggest_shape(n_opt * f, preset, count=params["N_counts"], **overrides)
             if (shape["n_layers"], shape["d_model"]) in seen:
-                continue                                            # two targets snapped to one shape
+                # two targets snapped to one shape
+                continue
             seen.add((shape["n_layers"], shape["d_model"]))
             tokens = C / shape["flops_per_token"]
-            out = f"{out_dir}/C{C:.2g}_L{shape['n_layers']}_d{shape['d_model']}".replace("+", "")
+            out = f"{o['out_dir']}/C{C:.2g}_L{shape['n_layers']}_d{shape['d_model']}".replace("+", "")
             hours_run = C / per_sec / 3600.0
             runs.append({"C": C, "N": shape["N"], "D": tokens, "hours": hours_run,
                          "shape": {k: v for k, v in shape.items() if k != "config"},
-                         "command": train_command(shape, 1.5 * hours_run, tokens, out, data, seq_len, objective)})
-    return {"C_total": C_total, "hours_total": sum(r["hours"] for r in runs), "constants": params.get("name"),
+                         "command": train_command(shape, {
+                             "hours": 1.5 * hours_run, "max_tokens": tokens, "out": out,
+                             "data": o["data"], "seq_len": seq_len, "objective": objective})})
+    return {"C_total": C_total, "hours_total": sum(r["hours"] for r in runs),
+            "constants": params.get("name"),
             "runs": runs}
 
 
@@ -545,15 +673,17 @@ def sweep_plan(hours, gpu, n_gpus=1, mfu=0.4, params=None, budgets=3, sizes=5, r
 # Reading runs: train.py folders (log.jsonl + summary.json), their JSONL logs, or a CSV
 
 def _read_run(path):
-    """Points (N, D = tokens seen, loss = val_loss, C = flops_per_token * D) of one train.py run: a folder holding
-    log.jsonl and summary.json, or the log.jsonl itself."""
-    folder, log = (path, os.path.join(path, "log.jsonl")) if os.path.isdir(path) else (os.path.dirname(path), path)
+    """Points (N, D = tokens seen, loss = val_loss, C = flops_per_token * D) of one train.py run: a
+    folder holding log.jsonl and summary.json, or the log.jsonl itself."""
+    folder, log = (path, os.path.join(path,
+                                      "log.jsonl")) if os.path.isdir(path) else (os.path.dirname(path), path)
     summary = os.path.join(folder, "summary.json")
     try:
         with open(summary) as f, open(log) as g:
             info, lines = json.load(f), g.read().splitlines()
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{folder}: needs a readable summary.json (for N) and log.jsonl ({e})") from None
+        raise ValueError(f"{folder}: needs a readable summary.json (for N) and log.jsonl "
+                         f"({e})") from None
     N, fpt = info.get("params"), info.get("flops_per_token")
     if not isinstance(N, (int, float)) or not N > 0:
         raise ValueError(f"{summary}: 'params' must be a positive number, got {N!r}")
@@ -564,23 +694,30 @@ def _read_run(path):
         except json.JSONDecodeError:
             raise ValueError(f"{log}:{i}: not a JSON object") from None
         if row.get("kind") == "grow":    # N changed during the run: no single (N, D) curve to fit
-            raise ValueError(f"{log}:{i}: this run grew (grow.py); fit runs of one fixed shape only")
+            raise ValueError(f"{log}:{i}: this run grew (grow.py); fit runs of one fixed shape "
+                             "only")
         if row.get("kind") != "eval":
             continue
         D, loss = row.get("tokens"), row.get("val_loss")
-        if not (isinstance(D, (int, float)) and isinstance(loss, (int, float)) and math.isfinite(loss) and loss > 0):
-            raise ValueError(f"{log}:{i}: eval line needs numeric 'tokens' and a positive finite 'val_loss'")
-        if D > 0:                                                   # an evaluation before training has no D
+        if not (isinstance(D, (int, float)) and isinstance(loss, (int,
+                                                                  float)) and math.isfinite(loss) and loss > 0):
+            raise ValueError(f"{log}:{i}: eval line needs numeric 'tokens' and a positive finite "
+                             "'val_loss'")
+        # an evaluation before training has no D
+        if D > 0:
             points.append({"N": float(N), "D": float(D), "loss": float(loss), "run_id": folder,
-                           "C": float(fpt) * D if isinstance(fpt, (int, float)) and fpt > 0 else None,
+                           "C": float(fpt) * D if isinstance(fpt, (int,
+                                                                   float)) and fpt > 0 else None,
                            "comparable": info.get("comparable")})
-    # A log written by a train.py before resume truncated it can repeat the steps between a checkpoint and a
-    # kill: one point per token count, the last logged (the resumed run's), so no point counts twice.
+    # A log written by a train.py before resume truncated it can repeat the steps between a
+    # checkpoint and a kill: one point per token count, the last logged (the resumed run's), so no
+    # point counts twice.
     return list({p["D"]: p for p in points}.values())
 
 
 def _read_csv(path):
-    """Rows with columns N, D (or C, then D = C / 6N) and loss; an optional run_id column groups rows."""
+    """Rows with columns N, D (or C, then D = C / 6N) and loss; an optional run_id column groups
+    rows."""
     points = []
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -591,7 +728,8 @@ def _read_csv(path):
             C = float(row["c"]) if row.get("c") else None
             D = float(row["d"]) if row.get("d") else C / (6 * N)
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
-            raise ValueError(f"{path}:{i}: need numeric columns N, D (or C) and loss, got {row}") from None
+            raise ValueError(f"{path}:{i}: need numeric columns N, D (or C) and loss, got "
+                             f"{row}") from None
         if not all(math.isfinite(v) and v > 0 for v in (N, D, loss)):
             raise ValueError(f"{path}:{i}: N, D and loss must be positive and finite, got {row}")
         p = {"N": N, "D": D, "loss": loss, "C": C}
@@ -610,19 +748,22 @@ def read_points(paths):
         points += _read_csv(path) if path.endswith(".csv") else _read_run(path)
     if not points:
         raise ValueError(f"no evaluation points found in {', '.join(paths)}")
-    # Losses of runs on different data, tokenizers, objectives or sequence lengths lie on different curves.
+    # Losses of runs on different data, tokenizers, objectives or sequence lengths lie on different
+    # curves.
     runs = {p["run_id"]: p["comparable"] for p in points if p.get("comparable")}
     for key in sorted({k for c in runs.values() for k in c}):
         values = {json.dumps(c.get(key)) for c in runs.values()}
         if len(values) > 1:
-            raise ValueError(f"runs differ in {key} ({', '.join(sorted(values))}): their losses are not comparable; "
+            raise ValueError(f"runs differ in {key} ({', '.join(sorted(values))}): their losses "
+                             "are not comparable; "
                              "fit runs of one setting at a time")
     return points
 
 
 def save_json(obj, path):
-    """Write JSON atomically (temporary file in the same folder, then os.replace). model.atomic_write does the same
-    for every other file; scaling.py keeps its own five lines because fits and plans must not import torch."""
+    """Write JSON atomically (temporary file in the same folder, then os.replace).
+    model.atomic_write does the same for every other file; scaling.py keeps its own five lines
+    because fits and plans must not import torch."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
@@ -632,8 +773,9 @@ def save_json(obj, path):
 
 
 def plot_fit(points, fit, path):
-    """Loss against compute, coloured by N, with the fitted law along each size and the compute-optimal frontier.
-    Returns the path, or None when matplotlib is not installed (it is optional)."""
+    """Loss against compute, coloured by N, with the fitted law along each size and the
+    compute-optimal frontier. Returns the path, or None when matplotlib is not installed (it is
+    optional)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -641,7 +783,8 @@ def plot_fit(points, fit, path):
     except ImportError:
         return None
     N, D, L = (np.array([p[k] for p in points]) for k in ("N", "D", "loss"))
-    C = 6 * N * D                                                   # the law's own compute convention
+    # the law's own compute convention
+    C = 6 * N * D
     fig, ax = plt.subplots(figsize=(7, 5))
     sc = ax.scatter(C, L, c=np.log10(N), cmap="viridis", s=14)
     for n in np.unique(N):
@@ -650,7 +793,8 @@ def plot_fit(points, fit, path):
     c = np.geomspace(C.min(), C.max() * 10, 100)
     ax.plot(c, compute_optimal(c, fit)["loss"], "k--", lw=1.5, label="compute-optimal L(N*, D*)")
     ax.set(xscale="log", xlabel="training FLOPs C = 6ND", ylabel="validation loss",
-           title=f"alpha={fit['alpha']:.3f} beta={fit['beta']:.3f} E={fit['E']:.3f} a={fit['a']:.3f}")
+           title=f"alpha={fit['alpha']:.3f} beta={fit['beta']:.3f} E={fit['E']:.3f} "
+                 f"a={fit['a']:.3f}")
     fig.colorbar(sc, label="log10 N")
     ax.legend()
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -670,24 +814,34 @@ def _si(x):
 
 
 def cmd_plan(args):
-    p = plan(args.hours, args.gpu, args.gpus, args.mfu, load_constants(args.fit, args.constants), args.model,
-             args.out, args.data, args.max_seq_len, args.objective)
+    p = plan(args.hours, args.gpu, {
+        "n_gpus": args.gpus, "mfu": args.mfu, "params": load_constants(args.fit, args.constants),
+        "preset": args.model, "out": args.out, "data": args.data, "seq_len": args.max_seq_len,
+        "objective": args.objective})
     s = p["shape"]
-    print(f"budget: {p['hours']:g} h x {p['n_gpus']} {p['gpu']} ({p['peak_flops'] / 1e12:g} TFLOP/s bf16 peak) "
+    print(f"budget: {p['hours']:g} h x {p['n_gpus']} {p['gpu']} ({p['peak_flops'] / 1e12:g} "
+          "TFLOP/s bf16 peak) "
           f"at {p['mfu']:.0%} MFU -> C = {p['C']:.3g} FLOPs")
-    print(f"constants: {p['source']}" + (f" (--constants {p['constants']})" if p["constants"] in PUBLISHED else ""))
+    print(f"constants: {p['source']}" + (" (--constants "
+                                         f"{p['constants']})" if p["constants"] in PUBLISHED else ""))
     if p["constants"] in PUBLISHED:
         print(f"  caveat: {CAVEAT}")
-    print(f"compute-optimal (C = 6ND): N* = {_si(p['N_opt'])} params, D* = {_si(p['D_opt'])} tokens "
+    print(f"compute-optimal (C = 6ND): N* = {_si(p['N_opt'])} params, D* = {_si(p['D_opt'])} "
+          "tokens "
           f"({p['tokens_per_param']:.1f} tokens/param), predicted loss {p['loss_opt']:.3f}")
-    print(f"shape ({s['preset']} + overrides): {s['n_layers']} layers, d_model {s['d_model']}, {s['n_heads']} heads "
-          f"of 64, ffn_dim {s['ffn_dim']}, vocab {s['vocab_size']} (d_model/n_layers = {s['aspect_ratio']:.0f})")
-    print(f"  params {_si(s['params_total'])} total, {_si(s['params'])} non-embedding (N counted as {s['count']}: "
+    print(f"shape ({s['preset']} + overrides): {s['n_layers']} layers, d_model {s['d_model']}, "
+          f"{s['n_heads']} heads "
+          f"of 64, ffn_dim {s['ffn_dim']}, vocab {s['vocab_size']} (d_model/n_layers = "
+          f"{s['aspect_ratio']:.0f})")
+    print(f"  params {_si(s['params_total'])} total, {_si(s['params'])} non-embedding (N counted "
+          f"as {s['count']}: "
           f"{_si(s['N'])}); {s['flops_per_token']:.3g} FLOPs/token (model.flops_per_token)")
     if not 0.67 < s["N"] / p["N_opt"] < 1.5:
-        print(f"  note: the nearest shape has {s['N'] / p['N_opt']:.2g}x N* (at this size the vocabulary embedding "
+        print(f"  note: the nearest shape has {s['N'] / p['N_opt']:.2g}x N* (at this size the "
+              "vocabulary embedding "
               f"dominates the count; a smaller tokenizer vocabulary fits the target better)")
-    print(f"tokens in budget at this shape: {_si(p['tokens'])} ({_si(p['tokens_per_sec'])} tokens/s), "
+    print(f"tokens in budget at this shape: {_si(p['tokens'])} ({_si(p['tokens_per_sec'])} "
+          "tokens/s), "
           f"predicted loss {p['loss_shape']:.3f}")
     print(f"command:\n  {p['command']}")
     if args.json:
@@ -696,13 +850,19 @@ def cmd_plan(args):
 
 def cmd_sweep(args):
     params = load_constants(args.fit, args.constants)
-    s = sweep_plan(args.hours, args.gpu, args.gpus, args.mfu, params, args.budgets, args.sizes, args.ratio,
-                   args.spread, args.model, args.data, args.max_seq_len, args.objective, args.out_dir)
-    print(f"IsoFLOP sweep: {len(s['runs'])} runs, {s['C_total']:.3g} FLOPs in {s['hours_total']:.3g} h "
-          f"({args.gpus} {args.gpu} at {args.mfu:.0%} MFU); sizes centred on N* from constants {s['constants']}")
+    s = sweep_plan(args.hours, args.gpu, {
+        "n_gpus": args.gpus, "mfu": args.mfu, "params": params, "budgets": args.budgets,
+        "sizes": args.sizes, "ratio": args.ratio, "spread": args.spread, "preset": args.model,
+        "data": args.data, "seq_len": args.max_seq_len, "objective": args.objective,
+        "out_dir": args.out_dir})
+    print(f"IsoFLOP sweep: {len(s['runs'])} runs, {s['C_total']:.3g} FLOPs in "
+          f"{s['hours_total']:.3g} h "
+          f"({args.gpus} {args.gpu} at {args.mfu:.0%} MFU); sizes centred on N* from constants "
+          f"{s['constants']}")
     print(f"{'C (FLOPs)':>10} {'N':>7} {'D':>7} {'D/N':>6} {'hours':>6}  shape")
     for r in s["runs"]:
-        print(f"{r['C']:10.3g} {_si(r['N']):>7} {_si(r['D']):>7} {r['D'] / r['N']:6.1f} {r['hours']:6.3g}  "
+        print(f"{r['C']:10.3g} {_si(r['N']):>7} {_si(r['D']):>7} {r['D'] / r['N']:6.1f} "
+              f"{r['hours']:6.3g}  "
               f"{r['shape']['n_layers']}x{r['shape']['d_model']}")
     print("commands:")
     for r in s["runs"]:
@@ -720,40 +880,50 @@ def cmd_fit(args):
     boot = bootstrap(points, fit, args.n_boot, args.seed, delta=args.delta)
     iso = fit_isoflop(points)
     front = frontier(points)
-    law = fit_power_law([_compute(p) for p in front], [p["loss"] for p in front]) if len(front) >= 3 else None
+    law = fit_power_law([_compute(p) for p in front],
+                        [p["loss"] for p in front]) if len(front) >= 3 else None
     C_max = max(_compute(p) for p in points)
     band = allocation_band(10 * C_max, boot)
     ci = boot["intervals"]
-    print(f"fit: {fit['n_points']} points from {fit['n_runs']} runs, N = non-embedding params, delta = {args.delta}, "
+    print(f"fit: {fit['n_points']} points from {fit['n_runs']} runs, N = non-embedding params, "
+          f"delta = {args.delta}, "
           f"{'converged' if fit['converged'] else 'NOT converged'} ({fit['iterations']} LM steps, "
           f"|grad| {fit['grad_norm']:.1e}), rms log residual {fit['rms_log_residual']:.4f}")
-    print(f"L(N, D) = E + A/N^alpha + B/D^beta: estimate [{boot['level']:.0%} interval, {args.n_boot} resamples "
+    print(f"L(N, D) = E + A/N^alpha + B/D^beta: estimate [{boot['level']:.0%} interval, "
+          f"{args.n_boot} resamples "
           f"of runs]")
     for k in ("E", "A", "B", "alpha", "beta", "a", "b"):
         lo, med, hi = ci[k]
         print(f"  {k:>5} = {fit[k]:<12.6g} [{lo:.4g}, {hi:.4g}]")
-    print(f"  N* ~ C^{fit['a']:.3f}, D* ~ C^{fit['b']:.3f}; at 10x the largest run (C = {10 * C_max:.3g}): "
+    print(f"  N* ~ C^{fit['a']:.3f}, D* ~ C^{fit['b']:.3f}; at 10x the largest run (C = "
+          f"{10 * C_max:.3g}): "
           f"N* {_si(band['N'][1])} [{_si(band['N'][0])}, {_si(band['N'][2])}], "
           f"D* {_si(band['D'][1])} [{_si(band['D'][0])}, {_si(band['D'][2])}]")
     if iso["a"] is not None:
         print(f"isoFLOP cross-check ({len(iso['budgets'])} budgets): N_opt ~ C^{iso['a']:.3f}, "
               f"D_opt ~ C^{iso['b']:.3f}")
     else:
-        print(f"isoFLOP cross-check: needs 2 budgets with a minimum inside the sizes ({len(iso['budgets'])} usable)")
+        print("isoFLOP cross-check: needs 2 budgets with a minimum inside the sizes "
+              f"({len(iso['budgets'])} usable)")
     if law:
-        print(f"frontier L(C) = {law['E']:.4g} + {law['A']:.4g} C^-{law['k']:.4g} ({law['n_points']} points)")
+        print(f"frontier L(C) = {law['E']:.4g} + {law['A']:.4g} C^-{law['k']:.4g} "
+              f"({law['n_points']} points)")
     fit_out = {k: v for k, v in fit.items() if not k.startswith("_")}
     boot_out = {k: boot[k] for k in ("n_boot", "seed", "level", "n_runs", "converged_fraction")}
-    blob = {"fit": {**fit_out, "N_counts": "non_embedding"}, "intervals": ci, "bootstrap": boot_out, "isoflop": iso,
-            "frontier_law": law, "allocation_at_10x_max_C": {"C": 10 * C_max, **band}, "sources": list(args.runs)}
+    blob = {"fit": {**fit_out, "N_counts": "non_embedding"}, "intervals": ci, "bootstrap": boot_out,
+            "isoflop": iso,
+            "frontier_law": law, "allocation_at_10x_max_C": {"C": 10 * C_max, **band},
+            "sources": list(args.runs)}
     save_json(blob, args.out)
     png = plot_fit(points, fit, os.path.splitext(args.out)[0] + ".png")
-    print(f"saved {args.out}" + (f" and {png}" if png else " (no plot: matplotlib is not installed)"))
+    print(f"saved {args.out}" + (f" and {png}" if png else " (no plot: matplotlib is not "
+                                                           "installed)"))
 
 
 def check_args(parser, args):
     """One-line errors (usage line + error) for numbers that parse but plan or fit nothing."""
-    rules = [("hours", lambda v: v > 0 and math.isfinite(v), "a positive number"), ("gpus", lambda v: v >= 1, ">= 1"),
+    rules = [("hours", lambda v: v > 0 and math.isfinite(v), "a positive number"), ("gpus",
+                                                                                    lambda v: v >= 1, ">= 1"),
              ("mfu", lambda v: 0 < v <= 1, "in (0, 1]"), ("max_seq_len", lambda v: v >= 4, ">= 4"),
              ("budgets", lambda v: v >= 1, ">= 1"), ("sizes", lambda v: v >= 2, ">= 2"),
              ("ratio", lambda v: v > 1, "> 1"), ("spread", lambda v: v > 1, "> 1"),
@@ -765,47 +935,64 @@ def check_args(parser, args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="scaling.py", description="Scaling-law fits and compute planning for growcram.")
+    ap = argparse.ArgumentParser(prog="scaling.py",
+                                 description="Scaling-law fits and compute planning for growcram.")
     sub = ap.add_subparsers(dest="command", required=True)
     budget = argparse.ArgumentParser(add_help=False)
     # Budget
-    budget.add_argument("--hours", type=float, required=True, help="wall-clock budget in hours (all runs together "
+    budget.add_argument("--hours", type=float, required=True,
+                        help="wall-clock budget in hours (all runs together "
                         "for sweep)")
-    budget.add_argument("--gpu", required=True, help=f"GPU name ({', '.join(GPU_PEAK_FLOPS)}) or peak FLOP/s")
+    budget.add_argument("--gpu", required=True,
+                        help=f"GPU name ({', '.join(GPU_PEAK_FLOPS)}) or peak FLOP/s")
     budget.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
-    budget.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization, fraction of peak (0.4)")
+    budget.add_argument("--mfu", type=float, default=0.4,
+                        help="model FLOPs utilization, fraction of peak (0.4)")
     # Law
-    budget.add_argument("--fit", help="fit.json from `scaling.py fit` (default: published constants)")
+    budget.add_argument("--fit",
+                        help="fit.json from `scaling.py fit` (default: published constants)")
     budget.add_argument("--constants", default="epoch", choices=sorted(PUBLISHED),
                         help="published constant set when no --fit (default epoch)")
     # Model and train.py pass-through
-    budget.add_argument("--model", default="base", help="model.py preset the shape overrides (default base)")
-    budget.add_argument("--objective", choices=("mlm", "clm"), help="training objective (default: preset's)")
+    budget.add_argument("--model", default="base", help="model.py preset the shape overrides "
+                                                        "(default base)")
+    budget.add_argument("--objective", choices=("mlm", "clm"), help="training objective (default: "
+                                                                    "preset's)")
     budget.add_argument("--max-seq-len", "--seq-len", type=int,
                         help="sequence length in tokens (default: preset's; alias --seq-len)")
     budget.add_argument("--data", help="--data value passed to train.py")
     budget.add_argument("--json", help="also write the plan as JSON to this path")
     short = "scaling.py {} {}[flags]  (--help lists them)".format
-    p = sub.add_parser("plan", parents=[budget], help="N*, D*, a shape and the train.py command for a budget",
+    p = sub.add_parser("plan", parents=[budget], help="N*, D*, a shape and the train.py command "
+                                                      "for a budget",
                        usage=short("plan", "--hours H --gpu GPU "))
     p.add_argument("--out", help="train.py --out folder (default runs/plan_<layers>x<width>)")
-    s = sub.add_parser("sweep", parents=[budget], help="train.py commands of an IsoFLOP sweep spending --hours",
+    s = sub.add_parser("sweep", parents=[budget], help="train.py commands of an IsoFLOP sweep "
+                                                       "spending --hours",
                        usage=short("sweep", "--hours H --gpu GPU "))
     s.add_argument("--budgets", type=int, default=3, help="number of compute levels (3)")
     s.add_argument("--sizes", type=int, default=5, help="model sizes per compute level (5)")
     s.add_argument("--ratio", type=float, default=3.0, help="compute ratio between levels (3)")
-    s.add_argument("--spread", type=float, default=3.0, help="sizes span N*/spread .. N*·spread (3)")
-    s.add_argument("--out-dir", default="runs/sweep", help="parent folder of the runs' --out (runs/sweep)")
-    f = sub.add_parser("fit", help="fit L(N, D) to train.py runs (folders or log.jsonl) or CSV files",
+    s.add_argument("--spread", type=float, default=3.0, help="sizes span N*/spread .. N*·spread "
+                                                             "(3)")
+    s.add_argument("--out-dir", default="runs/sweep", help="parent folder of the runs' --out "
+                                                           "(runs/sweep)")
+    f = sub.add_parser("fit", help="fit L(N, D) to train.py runs (folders or log.jsonl) or CSV "
+                                   "files",
                        usage=short("fit", "RUN [RUN ...] "))
-    f.add_argument("runs", nargs="+", help="train.py output folders, their log.jsonl, or CSV (N, D or C, loss)")
-    f.add_argument("--out", default="fit.json", help="where to save the fit (fit.json; plot beside it as .png)")
+    f.add_argument("runs", nargs="+", help="train.py output folders, their log.jsonl, or CSV (N, D "
+                                           "or C, loss)")
+    f.add_argument("--out", default="fit.json", help="where to save the fit (fit.json; plot beside "
+                                                     "it as .png)")
     f.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples of runs (200)")
     f.add_argument("--seed", type=int, default=0, help="bootstrap seed (0)")
-    f.add_argument("--delta", type=float, default=1e-3, help="Huber delta on log-loss residuals (1e-3)")
+    f.add_argument("--delta", type=float, default=1e-3, help="Huber delta on log-loss residuals "
+                                                             "(1e-3)")
     f.add_argument("--init", default="projection", choices=("projection", "grid"),
-                   help="starting points: variable projection (fast) or Hoffmann et al.'s 4500-point grid")
-    f.add_argument("--final-only", action="store_true", help="use only the last evaluation of each run")
+                   help="starting points: variable projection (fast) or Hoffmann et al.'s "
+                        "4500-point grid")
+    f.add_argument("--final-only", action="store_true", help="use only the last evaluation of each "
+                                                             "run")
     args = ap.parse_args(argv)
     check_args({"plan": p, "sweep": s, "fit": f}[args.command], args)
     try:

@@ -585,8 +585,9 @@ def grow_now(run, state, trained, p, why):
     loss_before = evaluate(run, net)["val_loss"]
     plain, optimizer, event = grow.apply_stage(
         model.unwrap(net), optimizer, run.stages[state.stage],
-        lambda m: make_optimizer(m, args, run.device), noise=args.grow_noise, seed=args.seed,
-        policy=args.grow_optimizer, new_moments=args.grow_moments)
+        lambda m: make_optimizer(m, args, run.device),
+        {"noise": args.grow_noise, "seed": args.seed, "policy": args.grow_optimizer,
+         "new_moments": args.grow_moments})
     # compile and DDP must see the new shapes: wrap the grown model again
     net = parallel.wrap(plain.to(run.device).train(), args, run.device, run.world)
     loss_after = evaluate(run, net)["val_loss"]

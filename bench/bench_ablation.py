@@ -61,8 +61,8 @@ def score(args, run):
     with open(os.path.join(run, "summary.json")) as f:
         summary = json.load(f)
     held_out = os.path.join(args.cache, summary["comparable"]["data"])
-    result = evaluate_lm.evaluate(os.path.join(run, "final"), tasks=evaluate_lm.BUILT_IN, held_out=held_out,
-                                  n_items=args.items, progress=False)
+    result = evaluate_lm.evaluate(os.path.join(run, "final"), tasks=evaluate_lm.BUILT_IN, settings={
+        "held_out": held_out, "n_items": args.items, "progress": False})
     t = result["tasks"]
     return {"val_loss": summary["final_val_loss"], "cloze": t["cloze"]["metrics"]["acc"],
             "cloze_norm": t["cloze"]["metrics"]["acc_norm"], "last_word": t["last-word"]["metrics"]["acc"],

@@ -735,7 +735,7 @@ def test_cut_off_download_is_retried_and_resumed(server, tmp_path):
     handler.truncate_first = True
     body = os.urandom(50_000)
     (root / "f.bin").write_bytes(body)
-    download.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), backoff_s=0, progress=False)
+    download.download_file(f"{url}/f.bin", str(tmp_path / "f.bin"), progress=False, network={"backoff_s": 0})
     assert (tmp_path / "f.bin").read_bytes() == body
     assert handler.log == [("/f.bin", None), ("/f.bin", "bytes=25000-")]
 
@@ -743,7 +743,8 @@ def test_cut_off_download_is_retried_and_resumed(server, tmp_path):
 def test_missing_remote_file_fails_at_once(server, tmp_path):
     _, url, handler = server
     with pytest.raises(ValueError, match="HTTP 404"):
-        download.download_file(f"{url}/nope.bin", str(tmp_path / "nope.bin"), backoff_s=0, progress=False)
+        download.download_file(f"{url}/nope.bin", str(tmp_path / "nope.bin"), progress=False,
+                               network={"backoff_s": 0})
     assert len(handler.log) == 1
 
 

@@ -324,8 +324,9 @@ def test_end_to_end_tiny_model_produces_every_metric_and_submission_file(tmp_pat
 def test_seeds_report_the_median_and_missing_ax_is_reported(tmp_path, glue_dir, checkpoint):
     no_ax = str(tmp_path / "glue_data")
     shutil.copytree(glue_dir, no_ax, ignore=shutil.ignore_patterns("diagnostic"))
-    r = eg.evaluate(checkpoint, no_ax, tasks=["RTE", "MNLI"], seeds=3, out=str(tmp_path / "run"), epochs=1,
-                    batch_size=4, max_train_examples=4, progress=False)
+    r = eg.evaluate(checkpoint, ["RTE", "MNLI"], {"glue_dir": no_ax, "seeds": 3, "out": str(tmp_path / "run"),
+                                                  "epochs": 1, "batch_size": 4, "max_train_examples": 4,
+                                                  "progress": False})
     per_seed = [p["accuracy"] for p in r["tasks"]["RTE"]["per_seed"]]
     assert len(per_seed) == 3 and r["tasks"]["RTE"]["metrics"]["accuracy"] == pytest.approx(np.median(per_seed))
     assert per_seed[r["tasks"]["RTE"]["submission_seed"]] == np.median(per_seed)  # test files from the median run
@@ -338,8 +339,8 @@ def test_seeds_report_the_median_and_missing_ax_is_reported(tmp_path, glue_dir, 
 def test_a_task_file_is_fine_tuned_end_to_end_and_gets_no_glue_score(tmp_path, checkpoint):
     path = str(tmp_path / "sentiment.tsv")
     tsv(path, ["sentence", "label"], [[sentence(i), ["neg", "pos"][i % 2]] for i in range(20)])
-    r = eg.evaluate(checkpoint, None, task_file=path, seeds=1, epochs=1, batch_size=4, progress=False,
-                    out=str(tmp_path / "run"))
+    r = eg.evaluate(checkpoint, None, {"task_file": path, "seeds": 1, "epochs": 1, "batch_size": 4,
+                                       "progress": False, "out": str(tmp_path / "run")})
     assert set(r["tasks"]) == {"sentiment"} and set(r["tasks"]["sentiment"]["metrics"]) == {"accuracy", "mcc"}
     assert r["glue_score"] is None
     assert r["missing_submissions"] == {}               # no GLUE task ran: no leaderboard files are missing

@@ -327,7 +327,7 @@ def test_carry_keeps_untouched_moments_bitwise_and_the_step_count():
 
 def test_carry_zero_keeps_old_slices_and_zeroes_copied_units():
     net, optimizer, grown, mapping = trained_pair({"ffn_dim": 64})
-    new_opt = grow.grow_optimizer(optimizer, net, grown, mapping, adamw, new_moments="zero")
+    new_opt = grow.grow_optimizer(optimizer, net, grown, mapping, adamw, {"new_moments": "zero"})
     old = optimizer.state[net.blocks[0].down.weight]["exp_avg"]   # (d, f) = (32, 48)
     new = new_opt.state[grown.blocks[0].down.weight]["exp_avg"]   # (32, 64)
     assert torch.equal(new[:, :48], old) and torch.count_nonzero(new[:, 48:]) == 0
@@ -335,7 +335,7 @@ def test_carry_zero_keeps_old_slices_and_zeroes_copied_units():
 
 def test_carry_scaled_splits_moments_of_duplicated_units():
     net, optimizer, grown, mapping = trained_pair({"ffn_dim": 64})
-    new_opt = grow.grow_optimizer(optimizer, net, grown, mapping, adamw, new_moments="scaled")
+    new_opt = grow.grow_optimizer(optimizer, net, grown, mapping, adamw, {"new_moments": "scaled"})
     old, new = optimizer.state[net.blocks[0].up.weight], new_opt.state[grown.blocks[0].up.weight]
     # gelu half of the gated up-projection: units 0..15 have 2 copies (j and 48 + j), units 16..47 one.
     assert torch.allclose(new["exp_avg"][:16], old["exp_avg"][:16] / 2)
@@ -351,7 +351,8 @@ def test_carry_scaled_splits_moments_of_duplicated_units():
 def test_every_parameter_of_the_grown_model_updates(policy, new_moments):
     net, optimizer, grown, mapping = trained_pair({"n_layers": 4, "d_model": 64, "n_heads": 8, "ffn_dim": 64,
                                                    "max_seq_len": 32}, method="zero")
-    new_opt = grow.grow_optimizer(optimizer, net, grown, mapping, adamw, policy, new_moments)
+    new_opt = grow.grow_optimizer(optimizer, net, grown, mapping, adamw,
+                                  {"policy": policy, "new_moments": new_moments})
     owned = [p for group in new_opt.param_groups for p in group["params"]]
     assert len(owned) == len(set(map(id, owned))) == len(list(grown.parameters()))
     before = {n: p.detach().clone() for n, p in grown.named_parameters()}

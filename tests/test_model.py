@@ -371,8 +371,8 @@ def test_generate_is_deterministic_for_greedy_and_for_a_seed(enc):
     net = seeded_model(tiny(vocab_size=enc.n_vocab, objective="clm"))
     greedy = model.generate(net, enc, "the dog", max_new_tokens=8)
     assert isinstance(greedy, str) and greedy == model.generate(net, enc, "the dog", max_new_tokens=8)
-    sampled = dict(max_new_tokens=8, temperature=1.0, top_k=20, seed=1)
-    assert model.generate(net, enc, "the dog", **sampled) == model.generate(net, enc, "the dog", **sampled)
+    sampled = dict(temperature=1.0, top_k=20, seed=1)
+    assert model.generate(net, enc, "the dog", 8, sampled) == model.generate(net, enc, "the dog", 8, sampled)
 
 
 def test_generate_crops_a_prompt_longer_than_the_model_sees(enc):

@@ -267,7 +267,7 @@ def test_suggested_shapes_divide_cleanly_and_hit_the_target(target, count):
 
 
 def test_plan_allocates_the_budget_and_emits_a_train_command():
-    p = scaling.plan(2, "a6000", mfu=0.35)
+    p = scaling.plan(2, "a6000", {"mfu": 0.35})
     C = 2 * 3600 * 154.8e12 * 0.35
     assert rel(p["C"], C) < 1e-12 and rel(6 * p["N_opt"] * p["D_opt"], C) < 1e-9
     assert rel(p["tokens"] * p["shape"]["flops_per_token"], C) < 1e-12
@@ -280,7 +280,7 @@ def test_plan_allocates_the_budget_and_emits_a_train_command():
 
 
 def test_sweep_spends_the_hours_on_budgets_ratio_apart():
-    s = scaling.sweep_plan(6, "a100", budgets=3, sizes=5, ratio=3.0)
+    s = scaling.sweep_plan(6, "a100", {"budgets": 3, "sizes": 5, "ratio": 3.0})
     levels = sorted({r["C"] for r in s["runs"]})
     assert len(levels) == 3 and rel(levels[1] / levels[0], 3.0) < 1e-12
     assert s["hours_total"] <= 6 * (1 + 1e-9) and len(s["runs"]) >= 12

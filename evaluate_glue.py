@@ -35,6 +35,7 @@ from tqdm import tqdm
 import data
 import download
 import model
+import tokenizer
 import train
 
 csv.field_size_limit(1 << 24)  # a few MNLI/QQP fields are long; the default 128 KiB limit is close
@@ -357,7 +358,7 @@ def extract_task_zip(zip_path, glue_dir, task):
 
 
 def write_text(path, text):
-    data.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
+    model.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
 
 
 def build_mrpc(folder):
@@ -609,8 +610,8 @@ def evaluate(checkpoint, glue_dir="glue_data", tasks=None, seeds=5, out=None, ep
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tasks = ([] if task_file else list(TASKS)) if tasks is None else check_tasks(tasks)
     tok_path = os.path.join(checkpoint, "tokenizer.json")
-    enc = data.load_tokenizer(tok_path)
-    ids = data.special_ids(enc)
+    enc = tokenizer.load_tokenizer(tok_path)
+    ids = tokenizer.special_ids(enc)
     trunk = model.load_model(checkpoint, device=device)
     cfg = trunk.config
     if enc.n_vocab > model.padded_vocab_size(cfg):

@@ -640,7 +640,7 @@ def main(argv=None):
     """python model.py CHECKPOINT "text with [MASK]": print the guesses per mask (masked LM) or the
     continuation of the text (causal LM). CHECKPOINT is a folder like train.py's out/final."""
     import argparse
-    import data  # here, not at the top: the model itself needs no tokenizer (and data.py's dependencies)
+    import tokenizer  # here, not at the top: the model itself needs no tokenizer
     p = argparse.ArgumentParser(description="Fill in [MASK]s (masked LM) or continue a prompt (causal LM).")
     p.add_argument("checkpoint", help="folder with config.json, model.pt and tokenizer.json (train.py's out/final)")
     p.add_argument("text", help="text with one or more [MASK] (masked LM) or a prompt (causal LM)")
@@ -657,7 +657,7 @@ def main(argv=None):
         raise SystemExit(f"error: {tokenizer_path}: missing; train.py saves it beside model.pt")
     try:
         net = load_model(args.checkpoint, "cuda" if torch.cuda.is_available() else "cpu")
-        enc = data.load_tokenizer(tokenizer_path)
+        enc = tokenizer.load_tokenizer(tokenizer_path)
         if net.config["objective"] == "clm":
             print(generate(net, enc, args.text, args.max_new_tokens, args.temperature, args.top_k or None, args.seed))
             return

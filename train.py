@@ -45,6 +45,8 @@ from tqdm import tqdm
 import data
 import grow
 import model
+import tokenizer
+from loader import make_loader
 
 # -----------------------------------------------------------------------------
 # Command line
@@ -648,26 +650,26 @@ def budget_tokens(args, device):
 
 def prepare(args, device, rank, world):
     """Rank 0 prepares (downloads, cleans, tokenizes); the others wait and then read the same cache."""
-    kwargs = dict(data=args.data, cache_dir=args.cache, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
-                  lowercase=args.lowercase, strip_accents=args.lowercase, fineweb_shards=args.fineweb_shards,
-                  max_tokens=budget_tokens(args, device) if data.downloads(args.data) else None, progress=rank == 0,
-                  mix_temperature=args.mix_temperature)
+    settings = dict(vocab_size=args.vocab_size, tokenizer=args.tokenizer, lowercase=args.lowercase,
+                    strip_accents=args.lowercase, fineweb_shards=args.fineweb_shards,
+                    max_tokens=budget_tokens(args, device) if data.downloads(args.data) else None,
+                    mix_temperature=args.mix_temperature)
     meta = None
     # One process downloads and tokenizes, so ranks never race on the cache; the others then find the finished
     # entry under the same settings key and only read its meta.json
     if rank == 0:
         try:
-            meta = data.prepare_data(**kwargs)
+            meta = data.prepare_data(args.data, args.cache, settings, progress=True)
         except (ValueError, OSError) as e:
             raise SystemExit(f"error: {e}") from None
     if world > 1:
         dist.barrier()
         if rank != 0:
-            meta = data.prepare_data(**{**kwargs, "progress": False})
+            meta = data.prepare_data(args.data, args.cache, settings, progress=False)
     try:  # every shard's header and size, now: a damaged cache is a one-line error, not a traceback mid-run
         for split in ("train", "val"):
-            data.make_loader(meta, split, args.objective, rank=rank, world_size=world, mask_rate=args.mask_rate,
-                             prefetch=False)
+            make_loader(meta, split, {"objective": args.objective, "rank": rank, "world_size": world,
+                                      "mask_rate": args.mask_rate}, prefetch=False)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     return meta
@@ -856,8 +858,9 @@ def evaluate(run, net):
     if T not in run.held_out:  # a fixed seed: the same masks every time, in every run, so curves compare
         run.held_out[T] = {}
         for name in names:
-            loader = data.make_loader(run.meta, "val", args.objective, seed=1234, rank=run.rank, world_size=run.world,
-                                      mask_rate=args.mask_rate, device=run.device, prefetch=False, source=name)
+            loader = make_loader(run.meta, "val", {"objective": args.objective, "seed": 1234, "rank": run.rank,
+                                                   "world_size": run.world, "mask_rate": args.mask_rate},
+                                 device=run.device, prefetch=False, source=name)
             run.held_out[T][name] = [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
     was_training = plain.training
     plain.eval()  # no dropout; eager and outside DDP (under FSDP the plain model is the sharded module itself)
@@ -922,7 +925,7 @@ def start_run(args, ckpt, device, rank, world):
     cfg = model_config(args, meta["n_vocab"])
     stages = growth_stages(args, cfg)
     run = Run(args, device, autocast_dtype(args.dtype, device), rank, world, meta,
-              data.load_tokenizer(meta["tokenizer"]), stages, os.path.join(args.out, "log.jsonl"),
+              tokenizer.load_tokenizer(meta["tokenizer"]), stages, os.path.join(args.out, "log.jsonl"),
               checkpoint_path(args), gpu_peak_flops(device))
     if stages and any(stages[-1]["config"][k] != cfg[k] for k in grow.GROWN_KEYS):
         run.say(f"--grow: the schedule ends at {grow.describe(stages[-1]['config'])}, not the model's "
@@ -950,8 +953,8 @@ def build(run, cfg, ckpt):
         net.load_state_dict(ckpt["model"])
     net = wrap(net.train(), args, run.device, run.world)
     optimizer = make_optimizer(model.unwrap(net), args, run.device)  # after sharding: AdamW holds the shards
-    loader = data.make_loader(run.meta, "train", args.objective, seed=args.seed, rank=run.rank,
-                              world_size=run.world, mask_rate=args.mask_rate, device=run.device)
+    loader = make_loader(run.meta, "train", {"objective": args.objective, "seed": args.seed, "rank": run.rank,
+                                             "world_size": run.world, "mask_rate": args.mask_rate}, device=run.device)
     state = RunState(next_eval=args.eval_every, next_check=args.grow_check_every)
     if ckpt:
         if run.sharded:

@@ -1,20 +1,23 @@
 """loader.py: token shards on disk -> endless, deterministic training batches (masked or causal LM).
 
     loader = make_loader(meta, "train", {"objective": "mlm", "seed": 0, "mask_rate": 0.25})
-    batch = loader.next_batch(batch_size=32, seq_len=128)   # dict of int64 tensors
-    loader.state_dict()                                      # save it; load_state_dict resumes exactly
-    batch = mask_mlm(window, positions, 0.25, seed, special, n_ordinary)  # BERT masking, on its own
+    batch = loader.next_batch(batch_size=32, seq_len=128)  # dict of int64 tensors
+    state = loader.state_dict()                             # loader.load_state_dict(state) resumes
+    batch = mask_mlm(window, positions, 0.25, seed, special, n_ordinary)  # BERT masking, alone
 
-meta is what data.py's prepare_data returns (or its folder, or its meta.json). The pieces, top to bottom:
-1. The shard format: a 32-byte header, then little-endian uint16/uint32 tokens (write_shard, read_shard).
-2. Batches: the shards of a split form one token stream that repeats forever, cut into blocks of 8192
-   tokens that are shuffled per epoch. Batch i is a pure function of (seed, stream position, rank), via a
-   counter-based hash (hash64), so the loader's state is just the position and resuming reproduces the
-   uninterrupted stream bit for bit. MLM masking follows BERT (Devlin et al. 2019, sec. 3.1: 80% [MASK],
-   10% random token, 10% unchanged) at cramming's 25% rate (Geiping & Goldstein 2023, arXiv 2212.14034), with
-   exactly k = round(mask_rate * T) masked positions per sequence (static shapes).
-3. Mixtures: MixtureLoader gives block k of the stream to a source by a fixed, evenly spread pattern
+meta is what data.py's prepare_data returns (or its folder, or its meta.json). The pieces:
+1. make_loader: the one call train.py needs, from a prepared folder to a Loader.
+2. mask_mlm: BERT's masking (Devlin et al. 2019, sec. 3.1: 80% [MASK], 10% random token, 10%
+   unchanged) at cramming's 25% rate (Geiping & Goldstein 2023, arXiv 2212.14034), with exactly
+   k = round(mask_rate * T) masked positions per sequence (static shapes).
+3. Loader: the shards of a split form one token stream that repeats forever, cut into blocks of
+   8192 tokens that are shuffled per epoch. Batch i is a pure function of (seed, stream position,
+   rank), via a counter-based hash (hash64), so the loader's state is just the position and
+   resuming reproduces the uninterrupted stream bit for bit.
+4. MixtureLoader gives block k of the stream to a source by a fixed, evenly spread pattern
    (mixture_pattern), so everything above still holds for a mixture of corpora.
+5. The shard format: a 32-byte header, then little-endian uint16/uint32 tokens (write_shard,
+   read_shard).
 This file imports nothing else of the project: it can be copied out with the shards it reads.
 """
 import concurrent.futures
@@ -26,31 +29,34 @@ import numpy as np
 import torch
 
 SHARD_MAGIC, SHARD_VERSION = b"GCTOKENS", 1
-SHARD_HEADER = struct.Struct("<8sIIQ8x")  # magic, version, bytes per token (2 or 4), token count, pad: 32 B
+# magic, version, bytes per token (2 or 4), token count, pad: 32 B
+SHARD_HEADER = struct.Struct("<8sIIQ8x")
 BLOCK_TOKENS = 8192      # shuffle granularity of the training stream
-MIX_PERIOD = 10_000      # a mixture's block pattern repeats every this many blocks: weights to 1/10,000
+MIX_PERIOD = 10_000  # a mixture's block pattern repeats every this many blocks: weights to 1/10,000
 
-# A loader's settings: make_loader and Loader take a dict of some of these keys; the rest keep these values.
+# A loader's settings: make_loader and Loader take a dict of some of these keys; the rest keep these
+# values.
 DEFAULTS = {
     "objective": "mlm",          # "mlm": masked LM (BERT), "clm": causal LM (next token)
     "seed": 0,                   # every shuffle and mask is a hash of (seed, stream position)
-    "rank": 0,                   # this process's share of each global batch; make_loader: None = torch's
-    "world_size": 1,             # processes sharing the stream; make_loader: None = torch.distributed's
+    "rank": 0,  # this process's share of each global batch; make_loader: None = torch's
+    "world_size": 1,  # processes sharing the stream; make_loader: None = torch.distributed's
     "mask_rate": 0.25,           # MLM: share of each sequence's positions masked (cramming's 25%)
-    "shuffle": True,             # shuffle the blocks per epoch; make_loader: None = for the train split only
+    "shuffle": True,  # shuffle the blocks per epoch; make_loader: None = for the train split only
     "block_tokens": BLOCK_TOKENS,  # the blocks that are shuffled, in tokens
 }
 
 
-# ----------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # make_loader: the one call train.py needs
 
 def make_loader(meta, split="train", settings=None, device="cpu", prefetch=None, source=None):
-    """Loader over prepare_data's output (the dict, its folder or meta.json). settings: a dict of DEFAULTS'
-    keys; rank/world_size None (the default here) are torch.distributed's when it is initialized, else 0/1;
-    shuffle None (the default here) is True for train only; prefetch (a background thread building the next
-    batch) defaults to True on CUDA only. A mixture gives a MixtureLoader over its sources' splits, or with
-    source=NAME a Loader over that source's split alone."""
+    """Loader over prepare_data's output (the dict, its folder or meta.json).
+    settings: a dict of DEFAULTS' keys; rank/world_size None (the default here) are
+    torch.distributed's when it is initialized, else 0/1; shuffle None (the default
+    here) is True for train only; prefetch (a background thread building the next
+    batch) defaults to True on CUDA only. A mixture gives a MixtureLoader over its
+    sources' splits, or with source=NAME a Loader over that source's split alone."""
     settings = {"rank": None, "world_size": None, "shuffle": None, **(settings or {})}
     meta = load_meta(meta) if isinstance(meta, str) else meta
     if split not in ("train", "val"):
@@ -69,7 +75,8 @@ def make_loader(meta, split="train", settings=None, device="cpu", prefetch=None,
         settings["rank"] = torch.distributed.get_rank() if dist else 0
     if settings["world_size"] is None:
         settings["world_size"] = torch.distributed.get_world_size() if dist else 1
-    if settings["shuffle"] is None:  # the val split is read in order: the same held-out text every time
+    # the val split is read in order: the same held-out text every time
+    if settings["shuffle"] is None:
         settings["shuffle"] = split == "train"
     tokenizer = (meta["n_ordinary"], meta["special_ids"])
     if sources:
@@ -79,48 +86,57 @@ def make_loader(meta, split="train", settings=None, device="cpu", prefetch=None,
 
 
 def load_meta(path):
-    """A prepared folder (or its meta.json) -> the dict prepare_data returns, with absolute paths."""
+    """A prepared folder (or its meta.json) -> the dict prepare_data
+    returns, with absolute paths."""
     folder = os.path.dirname(path) if path.endswith(".json") else path
     try:
         with open(os.path.join(folder, "meta.json")) as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        raise ValueError(f"{os.path.join(folder, 'meta.json')}: cannot read prepared data ({e})") from None
-    # meta.json holds paths relative to its folder, so a prepared folder can be moved or copied whole
+        where = os.path.join(folder, "meta.json")
+        raise ValueError(f"{where}: cannot read prepared data ({e})") from None
+    # meta.json holds paths relative to its folder, so a prepared folder can be moved or copied
+    # whole
     join = lambda p: os.path.join(os.path.abspath(folder), p)  # noqa: E731
-    splits = lambda d: {"train": [join(p) for p in d["train"]], "val": [join(p) for p in d["val"]]}  # noqa: E731
+    # noqa: E731
+    splits = lambda d: {"train": [join(p) for p in d["train"]], "val": [join(p) for p in d["val"]]}
     if "sources" in meta:  # a mixture: every source's shards too
         meta["sources"] = [{**s, **splits(s)} for s in meta["sources"]]
-    return {**meta, "dir": os.path.abspath(folder), "tokenizer": join(meta["tokenizer"]), **splits(meta)}
+    return {**meta, "dir": os.path.abspath(folder), "tokenizer": join(meta["tokenizer"]),
+            **splits(meta)}
 
 
-# ----------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # BERT's masking, as a pure function of the window and its stream positions
 
 def mask_mlm(window, positions, mask_rate, seed, special, n_ordinary):
-    """BERT's masked-LM input (Devlin et al. 2019, sec. 3.1, "Task #1: Masked LM"), with cramming's rate
-    and fixed count (Geiping & Goldstein 2023, arXiv 2212.14034: mlm_probability 0.25, exactly
+    """BERT's masked-LM input (Devlin et al. 2019, sec. 3.1, "Task #1: Masked LM"), with cramming's
+    rate and fixed count (Geiping & Goldstein 2023, arXiv 2212.14034: mlm_probability 0.25, exactly
     round(0.25 * T) masks per sequence, so shapes stay static for torch.compile).
 
-    window:    (B, T-2) int64 token ids, a sequence without its [CLS] and [SEP]
-    positions: (B, T-2) int64 stream positions of those tokens: all randomness is hash64(seed, ., position),
-               so the masks depend on where a token sits in the stream, never on the batch it lands in
-    special:   {"cls", "sep", "mask", ...} -> token id (tokenizer.special_ids); ids >= n_ordinary are
-               special: never masked, never drawn as the random replacement
-    Returns numpy int64 arrays, with k = round(mask_rate * T):
-      input_ids       (B, T)  [CLS] window [SEP], each picked position replaced by [MASK] (80%), a random
-                              ordinary token (10%) or left as it was (10%)
-      labels          (B, k)  the original ids at the picked positions, -100 where a sequence has fewer
-                              than k maskable tokens (the loss ignores them)
+    window:     (B, T-2) int64 token ids, a sequence without its [CLS] and [SEP]
+    positions:  (B, T-2) int64 stream positions of those tokens. All randomness is
+                hash64(seed, ., position): a mask depends on where a token sits in the stream,
+                never on the batch it lands in
+    special:    {"cls", "sep", "mask", ...} -> token id (tokenizer.special_ids)
+    n_ordinary: ids at or above it are special: never masked, never drawn as the random token
+    Returns a dict of numpy int64 arrays, with k = round(mask_rate * T):
+      input_ids       (B, T)  [CLS] window [SEP], each picked position replaced by [MASK] (80%),
+                              a random ordinary token (10%) or left as it was (10%)
+      labels          (B, k)  the original ids at the picked positions; -100 where a sequence
+                              has fewer than k maskable tokens (the loss ignores them)
       label_positions (B, k)  the picked positions into T, ascending"""
     T = window.shape[1] + 2  # the window plus [CLS] and [SEP]
     k = round(mask_rate * T)
     if not 1 <= k <= T - 2:
-        raise ValueError(f"mask_rate {mask_rate} at seq_len {T} gives {k} masked positions (need 1..{T - 2})")
-    # The k lowest hash scores of a row are its masked positions: a uniform choice without replacement
+        raise ValueError(f"mask_rate {mask_rate} at seq_len {T} gives {k} masked positions (need "
+                         f"1..{T - 2})")
+    # The k lowest hash scores of a row are its masked positions: a uniform choice without
+    # replacement
     score = hash64(seed, 1, positions)
     score[window >= n_ordinary] = np.iinfo(np.uint64).max  # specials are picked last, never masked
-    pick = np.sort(np.argpartition(score, k - 1, axis=1)[:, :k], axis=1)  # (B, k) columns of the window
+    # (B, k) columns of the window
+    pick = np.sort(np.argpartition(score, k - 1, axis=1)[:, :k], axis=1)
     orig, ppos = np.take_along_axis(window, pick, 1), np.take_along_axis(positions, pick, 1)
     maskable = orig < n_ordinary
     # BERT's 80/10/10 (sec. 3.1): the model cannot tell which unmasked tokens it will be asked about
@@ -134,7 +150,7 @@ def mask_mlm(window, positions, mask_rate, seed, special, n_ordinary):
     return {"input_ids": ids, "labels": np.where(maskable, orig, -100), "label_positions": pick + 1}
 
 
-# ----------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # A counter-based hash makes every random choice a pure function of (seed, purpose, stream position)
 
 _U64 = (1 << 64) - 1
@@ -148,8 +164,9 @@ def _mix_int(x):  # splitmix64 finalizer on a Python int (Steele et al. 2014)
 
 
 def hash64(seed, salt, positions):
-    """uint64 pseudo-random numbers, one per int64 position: splitmix64 of (key(seed, salt) + position *
-    gamma). No generator state, so any batch can be recomputed from its stream position alone."""
+    """uint64 pseudo-random numbers, one per int64 position: splitmix64
+    of (key(seed, salt) + position * gamma). No generator state, so any
+    batch can be recomputed from its stream position alone."""
     key = np.uint64(_mix_int(_mix_int(seed) ^ salt))  # salt: one independent stream per purpose
     x = positions.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + key
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -157,26 +174,28 @@ def hash64(seed, salt, positions):
     return x ^ (x >> np.uint64(31))
 
 
-# ----------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # Loader: one corpus's split
 
 class Loader:
     """Endless, deterministic, rank-sharded batches from one split's shards.
 
-    The split's tokens (documents followed by [SEP]) form a stream of n_tokens per epoch; epoch e reads them
-    in blocks of block_tokens permuted by hash64(seed, e) (the val split is read in order). `position` counts
-    stream tokens consumed by all ranks. A call next_batch(B, T) builds world_size * B windows back to back
-    from `position`; rank r takes windows r*B .. r*B+B-1, and position advances past all of them. Hence ranks
-    never overlap, and their batches concatenated in rank order equal the batch one rank would draw with
-    batch size world_size * B, masks included. B and T may change from call to call.
-      MLM: window = T-2 stream tokens, input_ids = [CLS] window [SEP] (B, T), masked by mask_mlm:
-        label_positions (B, k), labels (B, k).
-      CLM: window = T+1 stream tokens (windows overlap by one), input_ids = window[:-1], labels = window[1:].
-    The state holds the global position and seed; a run resumed with another world_size continues the same
-    global stream. The stream is cut at block and epoch boundaries without a [SEP]; with 8192-token blocks
-    that touches about T/8192 of the windows.
-    shards: the split's shard files; n_ordinary, special: the tokenizer's (tokenizer.n_ordinary,
-    tokenizer.special_ids); settings: a dict of DEFAULTS' keys."""
+    The split's tokens (documents followed by [SEP]) form a stream of n_tokens per epoch; epoch e
+    reads them in blocks of block_tokens permuted by hash64(seed, e) (the val split is read in
+    order). `position` counts stream tokens consumed by all ranks. A call next_batch(B, T) builds
+    world_size * B windows back to back from `position`; rank r takes windows r*B .. r*B+B-1, and
+    position advances past all of them. Hence ranks never overlap, and their batches concatenated
+    in rank order equal the batch one rank would draw with batch size world_size * B, masks
+    included. B and T may change from call to call.
+      MLM: window = T-2 stream tokens, input_ids = [CLS] window [SEP] (B, T), masked by
+        mask_mlm: label_positions (B, k), labels (B, k).
+      CLM: window = T+1 stream tokens (windows overlap by one), input_ids = window[:-1],
+        labels = window[1:].
+    The state holds the global position and seed; a run resumed with another world_size
+    continues the same global stream. The stream is cut at block and epoch boundaries without a
+    [SEP]; with 8192-token blocks that touches about T/8192 of the windows.
+    shards: the split's shard files. n_ordinary, special: the tokenizer's (tokenizer.n_ordinary,
+    tokenizer.special_ids). settings: a dict of some of DEFAULTS' keys."""
 
     def __init__(self, shards, n_ordinary, special, settings=None, device="cpu", prefetch=None):
         unknown = sorted(set(settings or {}) - set(DEFAULTS))
@@ -188,21 +207,26 @@ class Loader:
         if not 0 < s["mask_rate"] < 1 or not 0 <= s["rank"] < s["world_size"]:
             raise ValueError(f"need 0 < mask_rate < 1 and 0 <= rank < world_size "
                              f"(got {s['mask_rate']}, {s['rank']}, {s['world_size']})")
-        self.shards = [np.asarray(read_shard(p)) for p in shards]  # plain views: memmap indexing costs more
-        self.starts = np.cumsum([0] + [len(x) for x in self.shards])  # shard i holds stream ids starts[i]..
+        # plain views: memmap indexing costs more
+        self.shards = [np.asarray(read_shard(p)) for p in shards]
+        # shard i holds stream ids starts[i]..
+        self.starts = np.cumsum([0] + [len(x) for x in self.shards])
         self.n_tokens = int(self.starts[-1])
         if self.n_tokens == 0:
             raise ValueError(f"no tokens in shards {shards}")
-        self.n_ordinary, self.special, self.objective, self.seed = n_ordinary, special, s["objective"], s["seed"]
+        self.n_ordinary, self.special = n_ordinary, special
+        self.objective, self.seed = s["objective"], s["seed"]
         self.rank, self.world_size, self.mask_rate = s["rank"], s["world_size"], s["mask_rate"]
-        self.device, self.shuffle, self.block = torch.device(device), s["shuffle"], s["block_tokens"]
-        # prefetch pays off on CUDA, where the main thread waits for the GPU; on CPU the thread only competes
-        # for the GIL and the cores (bench/bench_data.py measures both)
+        self.device = torch.device(device)
+        self.shuffle, self.block = s["shuffle"], s["block_tokens"]
+        # prefetch pays off on CUDA, where the main thread waits for the GPU; on CPU the thread only
+        # competes for the GIL and the cores (bench/bench_data.py measures both)
         self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
         self.position, self.batches, self._perms, self._ahead, self._pool = 0, 0, {}, None, None
 
     def state_dict(self):
-        return {"position": self.position, "epoch": self.position // self.n_tokens, "batches": self.batches,
+        return {"position": self.position, "epoch": self.position // self.n_tokens,
+                "batches": self.batches,
                 "seed": self.seed, "n_tokens": self.n_tokens}
 
     def load_state_dict(self, state):
@@ -211,32 +235,41 @@ class Loader:
         if state["n_tokens"] != self.n_tokens:
             raise ValueError(f"loader state is for a split of {state['n_tokens']} tokens, "
                              f"this one has {self.n_tokens}")
-        self.position, self.batches, self.seed = int(state["position"]), int(state["batches"]), int(state["seed"])
-        self._ahead, self._perms = None, {}  # a prefetched batch and cached orders belong to the old state
+        self.position, self.batches = int(state["position"]), int(state["batches"])
+        self.seed = int(state["seed"])
+        # a prefetched batch and cached orders belong to the old state
+        self._ahead, self._perms = None, {}
 
     def next_batch(self, batch_size, seq_len=128):
-        """The next batch of this rank as a dict of int64 tensors on the loader's device (see class doc).
-        With prefetch, a background thread builds the batch after it (same sizes) during the training step;
-        since a batch is a pure function of its position, prefetching never changes what is returned."""
+        """The next batch of this rank as a dict of int64 tensors on the loader's
+        device (see class doc). With prefetch, a background thread builds the batch
+        after it (same sizes) during the training step; since a batch is a pure
+        function of its position, prefetching never changes what is returned."""
         key = (self.position, batch_size, seq_len)
         ahead, self._ahead = self._ahead, None
         batch = ahead[1].result() if ahead is not None and ahead[0] == key else self._make(*key)
-        self.position += self.world_size * batch_size * (seq_len - 2 if self.objective == "mlm" else seq_len)
+        stride = seq_len - 2 if self.objective == "mlm" else seq_len  # stream tokens per window
+        self.position += self.world_size * batch_size * stride
         self.batches += 1
         if self.prefetch:
             if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="growcram-loader")
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="growcram-loader")
             nxt = (self.position, batch_size, seq_len)
             self._ahead = (nxt, self._pool.submit(self._make, *nxt))
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _make(self, position, B, T):
-        """The batch of this rank starting at stream `position`, as numpy arrays (pinned tensors on CUDA)."""
+        """The batch of this rank starting at stream `position`, as
+        numpy arrays (pinned tensors on CUDA)."""
         mlm = self.objective == "mlm"
-        stride = T - 2 if mlm else T  # MLM leaves room for [CLS] and [SEP]; CLM windows share one token
+        # MLM leaves room for [CLS] and [SEP]; CLM windows share one token
+        stride = T - 2 if mlm else T
         if B < 1 or stride < 1:
-            raise ValueError(f"need batch_size >= 1 and seq_len >= {3 if mlm else 1} (got {B}, {T})")
-        starts = position + stride * (self.rank * B + np.arange(B))  # this rank's windows of the global batch
+            raise ValueError(f"need batch_size >= 1 and seq_len >= {3 if mlm else 1} (got {B}, "
+                             f"{T})")
+        # this rank's windows of the global batch
+        starts = position + stride * (self.rank * B + np.arange(B))
         pos = starts[:, None] + np.arange(stride if mlm else T + 1)  # (B, L) stream positions
         window = self._read(pos)
         if mlm:
@@ -244,12 +277,14 @@ class Loader:
         else:
             batch = {"input_ids": window[:, :-1], "labels": window[:, 1:]}
         batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
-        if self.device.type == "cuda":  # page-locked host memory lets the copy to the GPU run asynchronously
+        # page-locked host memory lets the copy to the GPU run asynchronously
+        if self.device.type == "cuda":
             batch = {k: v.pin_memory() for k, v in batch.items()}
         return batch
 
     def _perm(self, epoch):
-        """Block order of one epoch: full blocks shuffled by hash, the last partial block kept at the end."""
+        """Block order of one epoch: full blocks shuffled by hash, the
+        last partial block kept at the end."""
         perm = self._perms.get(epoch)
         if perm is None:
             if len(self._perms) > 4:  # a batch spans at most a few epochs; keep the cache small
@@ -257,12 +292,14 @@ class Loader:
             n_full = self.n_tokens // self.block
             # sorting hash values is a uniform random permutation, computed from (seed, epoch) alone
             order = np.argsort(hash64(self.seed, 1000 + epoch, np.arange(n_full)), kind="stable")
-            perm = self._perms[epoch] = np.append(order, n_full) if self.shuffle else np.arange(n_full + 1)
+            perm = np.append(order, n_full) if self.shuffle else np.arange(n_full + 1)
+            self._perms[epoch] = perm
         return perm
 
     def _read(self, pos, shift=0, out=None):
-        """(B, L) ascending stream positions, plus shift (where a mixture's run of blocks starts in this
-        stream) -> (B, L) int64 tokens, written into out when given (a mixture's batch, one run at a time)."""
+        """(B, L) ascending stream positions, plus shift (where a mixture's
+        run of blocks starts in this stream) -> (B, L) int64 tokens, written
+        into out when given (a mixture's batch, one run at a time)."""
         n = self.n_tokens
         first, last = (int(pos[0, 0]) + shift) // n, (int(pos[-1, -1]) + shift) // n
         if first == last:  # usually one epoch per batch
@@ -286,20 +323,22 @@ class Loader:
         return out
 
 
-# ----------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # Mixtures: several corpora, each with its weight, interleaved block by block
 
 def mixture_pattern(weights, period=MIX_PERIOD):
-    """The block order of a mixture, repeated every `period` blocks: (source of each block of the period,
-    the block's rank among that source's blocks in the period, blocks per source in a period). Source s gets
-    n_s = weight_s * period blocks (largest remainder, at least one), spread evenly like a smooth weighted
-    round robin: its j-th block sits at time (j + 0.5) / n_s of the period. Any stretch of the stream then
+    """The block order of a mixture, repeated every `period` blocks: (source of each
+    block of the period, the block's rank among that source's blocks in the period,
+    blocks per source in a period). Source s gets n_s = weight_s * period blocks (largest
+    remainder, at least one), spread evenly like a smooth weighted round robin: its j-th
+    block sits at time (j + 0.5) / n_s of the period. Any stretch of the stream then
     holds each source within about one block of its share, from the first batch on."""
     raw = np.asarray(weights, dtype=np.float64) * period
     n = np.maximum(1, np.floor(raw)).astype(np.int64)
     for _ in range(period - int(n.sum())):        # hand out the remainders, largest first
         n[np.argmax(raw - n)] += 1
-    for _ in range(int(n.sum()) - period):        # tiny weights raised to one block: take it from the largest
+    # tiny weights raised to one block: take it from the largest
+    for _ in range(int(n.sum()) - period):
         n[np.argmax(np.where(n > 1, n - raw, -np.inf))] -= 1
     source = np.repeat(np.arange(len(n)), n)
     rank = np.concatenate([np.arange(c) for c in n])
@@ -310,24 +349,28 @@ def mixture_pattern(weights, period=MIX_PERIOD):
 class MixtureLoader(Loader):
     """A Loader over a corpus mixture: several sources, each with its own shards and its weight.
 
-    The global stream is cut into blocks of block_tokens. Block k belongs to source s = source[k % P] of
-    mixture_pattern (P = MIX_PERIOD) and is that source's block j = (k // P) * n_s + rank[k % P], so finding
-    where any position comes from is O(1). A source's blocks are read from its own stream, which is exactly a
-    Loader's (its blocks shuffled per epoch, repeating forever): a source whose weight asks for more tokens
-    than it holds is repeated, one that holds more is cut. Windows, rank sharding, MLM masks (hashed from the
-    global position) and prefetch are the Loader's, so determinism, exact resume, a changed world size and
-    the disjoint DDP shards hold as they do for one corpus. epochs() says how often each source has been read.
+    The global stream is cut into blocks of block_tokens. Block k belongs to source
+    s = source[k % P] of mixture_pattern (P = MIX_PERIOD) and is that source's block
+    j = (k // P) * n_s + rank[k % P], so finding where any position comes from is O(1). A source's
+    blocks are read from its own stream, which is exactly a Loader's (its blocks shuffled per
+    epoch, repeating forever): a source whose weight asks for more tokens than it holds is
+    repeated, one that holds more is cut. Windows, rank sharding, MLM masks (hashed from the global
+    position) and prefetch are the Loader's, so determinism, exact resume, a changed world size and
+    the disjoint DDP shards hold as they do for one corpus. epochs() says how often each source has
+    been read.
     sources: [{"name", "weight", "files"}]; the other arguments are the Loader's."""
 
     def __init__(self, sources, n_ordinary, special, settings=None, device="cpu", prefetch=None):
         # the Loader's checks and state, over all shards: n_tokens is the mixture's total
-        super().__init__([f for s in sources for f in s["files"]], n_ordinary, special, settings, device,
-                         prefetch)
+        every_shard = [f for s in sources for f in s["files"]]
+        super().__init__(every_shard, n_ordinary, special, settings, device, prefetch)
         self.names, self.weights = [s["name"] for s in sources], [s["weight"] for s in sources]
-        one = {**DEFAULTS, **(settings or {}), "rank": 0, "world_size": 1}  # a part reads the global stream
+        # a part reads the global stream
+        one = {**DEFAULTS, **(settings or {}), "rank": 0, "world_size": 1}
         self.parts = [Loader(s["files"], n_ordinary, special, one, "cpu", prefetch=False)
                       for s in sources]  # only their _read is used
-        # as Python lists: _read looks up a few blocks per batch, where numpy's per-call cost would dominate
+        # as Python lists: _read looks up a few blocks per batch, where numpy's per-call cost would
+        # dominate
         self.pattern, self.nth, self.n_blocks = (a.tolist() for a in mixture_pattern(self.weights))
 
     def state_dict(self):
@@ -337,31 +380,34 @@ class MixtureLoader(Loader):
 
     def load_state_dict(self, state):
         mine = self.state_dict()["sources"]
-        if state.get("sources") != mine:  # a resumed run must read the same mixture, or its stream differs
+        # a resumed run must read the same mixture, or its stream differs
+        if state.get("sources") != mine:
             describe = lambda ss: ", ".join(  # noqa: E731
                 f"{s['name']}:{s['weight']:.4g} ({s['n_tokens']} tokens)" for s in ss)
             theirs = describe(state["sources"]) if "sources" in state else "one corpus"
             raise ValueError(f"loader state is for {theirs}, this mixture is {describe(mine)}")
-        self.position, self.batches, self.seed = int(state["position"]), int(state["batches"]), int(state["seed"])
+        self.position, self.batches = int(state["position"]), int(state["batches"])
+        self.seed = int(state["seed"])
         for part in self.parts:
             part.seed, part._perms = self.seed, {}
         self._ahead = None
 
     def _read(self, pos):
-        """(B, L) global stream positions -> (B, L) int64 tokens. Positions ascend through the batch, row
-        after row, so a batch is a few runs of consecutive blocks of one source each (a batch spans a few
-        blocks), and within a run a position in the source's stream is the global one plus a constant, which
-        its _read adds."""
+        """(B, L) global stream positions -> (B, L) int64 tokens. Positions ascend through the
+        batch, row after row, so a batch is a few runs of consecutive blocks of one source each (a
+        batch spans a few blocks), and within a run a position in the source's stream is the global
+        one plus a constant, which its _read adds."""
         flat, P = pos.reshape(-1), len(self.pattern)
-        runs = []                                        # [source, shift, first global block] per run
+        runs = []  # [source, shift, first global block] per run
         for k in range(int(flat[0]) // self.block, int(flat[-1]) // self.block + 1):
             s = self.pattern[k % P]
-            if not runs or runs[-1][0] != s:             # a new run; its block k is the source's block j
+            if not runs or runs[-1][0] != s:  # a new run; its block k is the source's block j
                 j = (k // P) * self.n_blocks[s] + self.nth[k % P]
                 runs.append([s, (j - k) * self.block, k])
         if len(runs) == 1:                               # the usual case: the batch lies in one run
             return self.parts[runs[0][0]]._read(pos, runs[0][1])
-        if int(flat[-1]) - int(flat[0]) == flat.size - 1:  # MLM windows lie back to back: consecutive
+        # MLM windows lie back to back: consecutive
+        if int(flat[-1]) - int(flat[0]) == flat.size - 1:
             edges = [0, *(k * self.block - int(flat[0]) for _, _, k in runs[1:]), flat.size]
         else:                                              # CLM windows overlap by one token
             edges = [0, *np.searchsorted(flat, [k * self.block for _, _, k in runs[1:]]), flat.size]
@@ -387,22 +433,25 @@ class MixtureLoader(Loader):
         return {name: round(n / part.n_tokens, 4) for (name, n), part in zip(drawn, self.parts)}
 
 
-# ----------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # The shard format: SHARD_HEADER (32 bytes), then `count` little-endian uint16 or uint32 tokens
 
 def write_shard(path, tokens, itemsize=2):
-    """Write one shard atomically (tests and tools; data.py's prepare_data streams its shards instead)."""
+    """Write one shard atomically (tests and tools; data.py's
+    prepare_data streams its shards instead)."""
     tokens = np.asarray(tokens, dtype=f"<u{itemsize}")
-    # written beside path and renamed into place (atomic in one folder): a crash never leaves half a file
+    # written beside path and renamed into place (atomic in one folder): a crash never leaves half a
+    # file
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
-        f.write(SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, itemsize, tokens.size) + tokens.tobytes())
+        f.write(SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, itemsize, tokens.size))
+        f.write(tokens.tobytes())
     os.replace(tmp, path)
 
 
 def close_shard(shard, itemsize):
-    """Write the real header over the placeholder and close a shard being streamed (data.py writes shards
-    as {"f": open file starting with SHARD_HEADER.size zero bytes, "n": tokens written})."""
+    """Write the real header over the placeholder and close a shard being streamed (data.py writes
+    shards as {"f": open file starting with SHARD_HEADER.size zero bytes, "n": tokens written})."""
     shard["f"].seek(0)
     shard["f"].write(SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, itemsize, shard["n"]))
     shard["f"].close()
@@ -422,9 +471,12 @@ def read_shard(path):
     if magic != SHARD_MAGIC:
         raise ValueError(f"{path}: not a token shard (bad magic {magic!r})")
     if version != SHARD_VERSION or itemsize not in (2, 4):
-        raise ValueError(f"{path}: unsupported shard (version {version}, {itemsize} bytes per token)")
+        raise ValueError(f"{path}: unsupported shard (version {version}, {itemsize} bytes per "
+                         "token)")
     if size != SHARD_HEADER.size + count * itemsize:  # the size tells a shard cut short by a crash
-        raise ValueError(f"{path}: truncated or corrupt shard ({size} bytes, header says {count} tokens)")
+        raise ValueError(f"{path}: truncated or corrupt shard ({size} bytes, header says {count} "
+                         "tokens)")
     if count == 0:
         return np.zeros(0, dtype=f"<u{itemsize}")
-    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=SHARD_HEADER.size, shape=(count,))
+    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=SHARD_HEADER.size,
+                     shape=(count,))

@@ -1,16 +1,16 @@
 """tokenizer.py: train, save, load and use the byte-level BPE tokenizer, as a tiktoken.Encoding.
 
-    enc = train_tokenizer(texts, vocab_size=32768)   # rustbpe learns the merges from an iterable of str
-    save_tokenizer(enc, "tokenizer.json")            # plain JSON, no pickle
+    enc = train_tokenizer(texts, vocab_size=32768)  # rustbpe learns merges from an iterable of str
+    save_tokenizer(enc, "tokenizer.json")           # plain JSON, no pickle
     enc = load_tokenizer("tokenizer.json")
-    enc = stock_tokenizer("gpt2")                    # or a stock tiktoken encoding plus our specials
-    ids = enc.encode_ordinary("some text")           # never emits a special token
-    sep = special_ids(enc)["sep"]                    # specials are inserted by id: pad, cls, sep, mask
+    enc = stock_tokenizer("gpt2")                   # or a stock tiktoken encoding plus our specials
+    ids = enc.encode_ordinary("some text")          # never emits a special token
+    sep = special_ids(enc)["sep"]                   # specials go in by id: pad, cls, sep, mask
 
-The vocabulary is laid out as ids 0 .. n_ordinary(enc) - 1 for the 256 bytes and the learned merges (a
-token's id is its merge rank), then [PAD] [CLS] [SEP] [MASK], then [RESERVED_i] ids that pad n_vocab up to a
-multiple of 64. Training needs rustbpe; everything else needs only tiktoken and the standard library, so
-this file can be copied into another project on its own.
+The vocabulary is laid out as ids 0 .. n_ordinary(enc) - 1 for the 256 bytes and the learned merges
+(a token's id is its merge rank), then [PAD] [CLS] [SEP] [MASK], then [RESERVED_i] ids that pad
+n_vocab up to a multiple of 64. Training needs rustbpe; everything else needs only tiktoken and the
+standard library, so this file can be copied into another project on its own.
 """
 import base64
 import json
@@ -18,28 +18,32 @@ import os
 
 import tiktoken
 
-# GPT-4's split pattern with numbers grouped by at most 2 digits (nanochat: best at a 32K vocabulary).
-# The pattern cuts text into pieces before BPE runs, so no merge crosses a word/number/punctuation edge.
+# GPT-4's split pattern with numbers grouped by at most 2 digits (nanochat: best at a 32K
+# vocabulary). The pattern cuts text into pieces before BPE runs, so no merge crosses a
+# word/number/punctuation edge.
 SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}"""
                  r"""| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""")
 SPECIAL_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]"]  # BERT's (Devlin et al. 2019, sec. 3)
-MIN_RESERVED = 4         # spare special ids ("[RESERVED_i]") so later features need no new vocabulary
-VOCAB_MULTIPLE = 64      # n_vocab is a multiple of this (tensor-core friendly; model.py pads the same way)
-TOKENIZER_FORMAT, TOKENIZER_VERSION = "growcram-tokenizer", 1  # the JSON file's "format" and "version"
+MIN_RESERVED = 4  # spare special ids ("[RESERVED_i]") so later features need no new vocabulary
+# n_vocab is a multiple of this (tensor-core friendly; model.py pads the same way)
+VOCAB_MULTIPLE = 64
+# the JSON file's "format" and "version"
+TOKENIZER_FORMAT, TOKENIZER_VERSION = "growcram-tokenizer", 1
 
 
 def round_up(n, multiple):
     return -(-n // multiple) * multiple  # -(-a // b) is ceil(a / b) in integer arithmetic
 
 
-# ----------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # Making a tokenizer: train one with rustbpe, or take a stock tiktoken one; both get our specials
 
 def train_tokenizer(texts, vocab_size=32768, pattern=SPLIT_PATTERN):
     """Byte-level BPE trained by rustbpe on an iterable of str -> tiktoken.Encoding.
 
-    vocab_size is rounded up to a multiple of 64; 256 byte tokens + merges + 8 specials/reserved fill it.
-    A corpus too small for that many merges gives fewer merges and n_vocab = the next multiple of 64."""
+    vocab_size is rounded up to a multiple of 64; 256 byte tokens + merges
+    + 8 specials/reserved fill it. A corpus too small for that many merges
+    gives fewer merges and n_vocab = the next multiple of 64."""
     import rustbpe  # training only; encoding needs tiktoken alone
     n_special = len(SPECIAL_TOKENS) + MIN_RESERVED
     if vocab_size < 256 + n_special:
@@ -55,13 +59,14 @@ def train_tokenizer(texts, vocab_size=32768, pattern=SPLIT_PATTERN):
 
 
 def stock_tokenizer(name):
-    """A stock tiktoken encoding ('gpt2', 'cl100k_base') plus our specials. Needs its ranks cached in
-    $TIKTOKEN_CACHE_DIR or a network connection; otherwise a one-line ValueError."""
+    """A stock tiktoken encoding ('gpt2', 'cl100k_base') plus our specials. Needs its ranks cached
+    in $TIKTOKEN_CACHE_DIR or a network connection; otherwise a one-line ValueError."""
     try:
         base = tiktoken.get_encoding(name)
     except Exception as e:
         first_line = str(e).splitlines()[0] if str(e) else ""
-        raise ValueError(f"tokenizer '{name}': ranks not in $TIKTOKEN_CACHE_DIR and not downloadable "
+        raise ValueError(f"tokenizer '{name}': ranks not in $TIKTOKEN_CACHE_DIR and not "
+                         "downloadable "
                          f"({type(e).__name__}: {first_line}); "
                          f"use --tokenizer train or a tokenizer.json path") from None
     ranks = {b: base.encode_single_token(b) for b in base.token_byte_values()}
@@ -71,47 +76,54 @@ def stock_tokenizer(name):
 
 
 def _with_specials(name, pattern, ranks, base_specials=None):
-    """tiktoken.Encoding whose specials follow every existing id, reserved ids padding n_vocab to a multiple
-    of 64 (tensor-core friendly embedding and output matrices)."""
+    """tiktoken.Encoding whose specials follow every existing id, reserved ids padding n_vocab to a
+    multiple of 64 (tensor-core friendly embedding and output matrices)."""
     base_specials = dict(base_specials or {})
     first = max([len(ranks) - 1, *base_specials.values()]) + 1
     n_vocab = round_up(first + len(SPECIAL_TOKENS) + MIN_RESERVED, VOCAB_MULTIPLE)
-    n_reserved = n_vocab - first - len(SPECIAL_TOKENS)  # MIN_RESERVED or more, up to the multiple of 64
+    # MIN_RESERVED or more, up to the multiple of 64
+    n_reserved = n_vocab - first - len(SPECIAL_TOKENS)
     names = SPECIAL_TOKENS + [f"[RESERVED_{i}]" for i in range(n_reserved)]
     specials = {**base_specials, **{s: first + i for i, s in enumerate(names)}}
     return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # Using it: the special ids, and where the ordinary ids end
 
 def special_ids(enc):
-    """{"pad", "cls", "sep", "mask"} -> token id. Insert specials by id; encode_ordinary never emits them."""
+    """{"pad", "cls", "sep", "mask"} -> token id. Insert specials by
+    id; encode_ordinary never emits them."""
     return {s.strip("[]").lower(): enc.encode_single_token(s) for s in SPECIAL_TOKENS}
 
 
 def n_ordinary(enc):
     """Ids below this are ordinary (byte/merge) tokens; ids at or above it are special."""
-    # the masking and the models' output heads rely on it: a random replacement token is drawn below it
+    # the masking and the models' output heads rely on it: a random replacement token is drawn below
+    # it
     return min(enc.encode_single_token(s) for s in enc.special_tokens_set)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # Saving and loading: plain JSON, so a tokenizer file is readable and never runs code (no pickle)
 
 def save_tokenizer(enc, path):
-    """Plain JSON (no pickle): format/version, name, split pattern, base64 tokens in rank order, specials."""
+    """Plain JSON (no pickle): format/version, name, split pattern,
+    base64 tokens in rank order, specials."""
     ranks = {b: enc.encode_single_token(b) for b in enc.token_byte_values()}
     by_rank = sorted(ranks, key=ranks.get)
     # the file stores tokens in rank order, so the ranks must be exactly 0..n-1 to round-trip
     if [ranks[b] for b in by_rank] != list(range(len(by_rank))):
-        raise ValueError(f"{path}: cannot save a tokenizer whose ranks are not 0..{len(by_rank) - 1}")
+        raise ValueError(f"{path}: cannot save a tokenizer whose ranks are not "
+                         f"0..{len(by_rank) - 1}")
     specials = sorted(enc.special_tokens_set, key=enc.encode_single_token)
     doc = {"format": TOKENIZER_FORMAT, "version": TOKENIZER_VERSION, "name": enc.name,
            "pattern": enc._pat_str, "n_vocab": enc.n_vocab,
            "special_tokens": {s: enc.encode_single_token(s) for s in specials},
-           "ranks": [base64.b64encode(b).decode("ascii") for b in by_rank]}  # bytes are not JSON: base64
-    # written beside path and renamed into place (atomic in one folder): a crash never leaves half a file
+           # bytes are not JSON: base64
+           "ranks": [base64.b64encode(b).decode("ascii") for b in by_rank]}
+    # written beside path and renamed into place (atomic in one folder): a crash never leaves half a
+    # file
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         f.write(json.dumps(doc, indent=1).encode("utf-8"))
@@ -131,7 +143,8 @@ def load_tokenizer(path):
         raise ValueError(f"{path}: not a growcram tokenizer file "
                          f"(format field is not '{TOKENIZER_FORMAT}')")
     if doc.get("version") != TOKENIZER_VERSION:
-        raise ValueError(f"{path}: tokenizer format version {doc.get('version')}, this data.py reads "
+        raise ValueError(f"{path}: tokenizer format version {doc.get('version')}, this data.py "
+                         "reads "
                          f"version {TOKENIZER_VERSION}; re-create it with `python data.py`")
     try:
         # a token's place in the list is its rank, hence its id
@@ -142,6 +155,7 @@ def load_tokenizer(path):
     except Exception as e:
         raise ValueError(f"{path}: corrupt tokenizer file ({type(e).__name__}: {e})") from None
     # the stored n_vocab and the four specials catch a file cut short or edited by hand
-    if enc.n_vocab != doc.get("n_vocab") or any(s not in enc.special_tokens_set for s in SPECIAL_TOKENS):
+    missing = [s for s in SPECIAL_TOKENS if s not in enc.special_tokens_set]
+    if enc.n_vocab != doc.get("n_vocab") or missing:
         raise ValueError(f"{path}: corrupt tokenizer file (n_vocab or special tokens do not match)")
     return enc

@@ -312,11 +312,12 @@ _UTF8 = {"path": None, "replaced": collections.Counter()}
 
 
 def _count_and_replace(err):
+    # a codec error handler: one bad byte sequence -> one U+FFFD, counted against the current file
     _UTF8["replaced"][_UTF8["path"]] += 1
     return "\ufffd", err.end
 
 
-codecs.register_error("growcram_count", _count_and_replace)
+codecs.register_error("growcram_count", _count_and_replace)  # registered once, used by name below
 
 
 def _decode(raw, path):
@@ -510,6 +511,7 @@ def _encode_docs(docs):
 
 
 def _chunks(files, chunk_chars=1 << 20):
+    # ~1 M characters per task: big enough to amortize the pickling, small enough to keep RAM flat
     chunk, n = [], 0
     for path in files:
         for doc in iter_documents(path):
@@ -555,6 +557,7 @@ def _training_texts(files, clean_kwargs, max_chars):
             if not text.strip() or digest in seen:
                 continue
             seen.add(digest)
+            # the last document is cut to the budget, so the sample never exceeds max_chars
             yield text[:max_chars]
             max_chars -= len(text)
             if max_chars <= 0:
@@ -666,6 +669,7 @@ def parse_mixture(data, temperature=None):
     are all given or none: none means by size, with --mix-temperature (temperature_weights, once the
     sizes are known: weight None here). An existing path is one source, commas or not. A malformed
     string is a one-line ValueError naming --data."""
+    # an existing path wins over the mixture syntax: a folder may have a comma or colon in its name
     if data in ("sample", "fineweb") or os.path.exists(data):
         return [{"source": data, "weight": None}]
     entries = []
@@ -709,12 +713,14 @@ def parse_mixture(data, temperature=None):
 
 
 def downloads(data):
-    """Whether --data downloads (fineweb or fineweb2:LANG, alone or in
-    a mixture): a token budget then sizes it."""
-    return any(entry.strip().split(":")[0] in ("fineweb", "fineweb2") for entry in data.split(","))
+    """Whether --data downloads (fineweb or fineweb2:LANG, alone or in a mixture): a token budget
+    then sizes it."""
+    names = (entry.strip().split(":")[0] for entry in data.split(","))  # source names, no weights
+    return any(name in ("fineweb", "fineweb2") for name in names)
 
 
 def _number(text):
+    # float() accepts "1e-3" and " 0.5 ", as a person writing weights would expect
     try:
         return float(text)
     except ValueError:
@@ -726,6 +732,7 @@ def temperature_weights(sizes, temperature):
     XLM's language sampling (Lample & Conneau 2019; XLM-R, Conneau et al. 2020, used a = 0.3). T = 1
     samples by size; a larger T is flatter (T -> infinity: uniform), giving small languages more of
     the stream than their size."""
+    # float64: sizes in characters reach 1e12, and the exponent needs the precision
     p = np.asarray(sizes, dtype=np.float64)
     p = p / p.sum()
     q = p ** (1.0 / temperature)
@@ -788,8 +795,9 @@ def _prepare_mixture_into(tmp, sources, settings, opts):
 
 
 def _source_chars(files):
-    """A source's size for temperature sampling and the tokenizer's
-    sample: characters of its documents."""
+    """A source's size for temperature sampling and the tokenizer's sample: characters of its
+    documents."""
+    # characters, not bytes or tokens: comparable across scripts and known before any tokenizer exists
     return sum(len(doc) for path in files for doc in iter_documents(path))
 
 
@@ -858,10 +866,9 @@ MIX_TEMPERATURE_HELP = ("weight a mixture's sources by size^(1/T), size in chara
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="data.py", description="Prepare a corpus: clean, train a "
-                                                            "tokenizer, write token "
-                                "shards.", usage="%(prog)s --data DATA [--out CACHE] [flags]  "
-                                                 "(--help lists them)")
+    p = argparse.ArgumentParser(
+        prog="data.py", description="Prepare a corpus: clean, train a tokenizer, write token shards.",
+        usage="%(prog)s --data DATA [--out CACHE] [flags]  (--help lists them)")
     # Data
     p.add_argument("--data", default="sample", help=DATA_HELP)
     p.add_argument("--mix-temperature", type=float, default=None, metavar="T",
@@ -871,43 +878,43 @@ def main(argv=None):
     p.add_argument("--fineweb-shards", type=int, default=None,
                    help="FineWeb-Edu shards to download (~55 M tokens each; default: from "
                         "--max-tokens, else 1)")
-    p.add_argument("--max-tokens", type=float, default=None, help="token budget; picks "
-                                                                  "--fineweb-shards (tokens)")
-    p.add_argument("--fineweb-url", default=FINEWEB_URL, help="base URL holding "
-                                                              "shard_00000.parquet, ...")
-    p.add_argument("--fineweb2-url", default=FINEWEB2_URL, help="base URL holding "
-                                                                "data/<lang>/train/*.parquet")
+    p.add_argument("--max-tokens", type=float, default=None,
+                   help="token budget; picks --fineweb-shards (tokens)")
+    p.add_argument("--fineweb-url", default=FINEWEB_URL,
+                   help="base URL holding shard_00000.parquet, ...")
+    p.add_argument("--fineweb2-url", default=FINEWEB2_URL,
+                   help="base URL holding data/<lang>/train/*.parquet")
     # Tokenizer
-    p.add_argument("--tokenizer", default="train", help="'train' (rustbpe), 'gpt2', 'cl100k_base' "
-                                                        "or a tokenizer.json")
-    p.add_argument("--vocab-size", type=int, default=32768, help="vocabulary size (tokens, rounded "
-                                                                 "up to x64)")
+    p.add_argument("--tokenizer", default="train",
+                   help="'train' (rustbpe), 'gpt2', 'cl100k_base' or a tokenizer.json")
+    p.add_argument("--vocab-size", type=int, default=32768,
+                   help="vocabulary size (tokens, rounded up to x64)")
     p.add_argument("--tokenizer-chars", type=int, default=TOKENIZER_CHARS,
                    help="corpus characters to train on")
     # Cleaning
     p.add_argument("--normalize", default="NFC", type=lambda s: None if s.lower() == "none" else s,
                    help="Unicode normal form (NFC, NFKC, ...; 'none' = off)")
-    p.add_argument("--lowercase", action="store_true", help="lowercase all text (cramming does; "
-                                                            "English-centric)")
+    p.add_argument("--lowercase", action="store_true",
+                   help="lowercase all text (cramming does; English-centric)")
     p.add_argument("--strip-accents", action="store_true",
                    help="drop combining accents (cramming does; English-centric: it merges "
                         "distinct words elsewhere)")
     p.add_argument("--no-dedup", dest="dedup", action="store_false",
                    help="keep exact duplicate documents")
     p.add_argument("--max-tokens-per-char", type=float, default=None,
-                   help="drop documents above this tokens/character ratio (cramming: 0.25; default "
-                        "off)")
-    p.add_argument("--val-fraction", type=float, default=0.05, help="fraction of documents for "
-                                                                    "validation")
+                   help="drop documents above this tokens/character ratio (cramming: 0.25; "
+                        "default off)")
+    p.add_argument("--val-fraction", type=float, default=0.05,
+                   help="fraction of documents for validation")
     p.add_argument("--max-val-tokens", type=int, default=10_000_000,
                    help="cap on validation tokens")
-    p.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: CPUs - "
-                                                             "1)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="tokenizer processes (default: CPUs - 1)")
     args = p.parse_args(argv)
     try:
-        with exit_cleanly_on_sigterm(args.cache_dir, "error: stopped by a signal; nothing was "
-                                                     "written (the cache "
-                                     "keeps only finished entries)"):
+        message = ("error: stopped by a signal; nothing was written (the cache keeps only "
+                   "finished entries)")
+        with exit_cleanly_on_sigterm(args.cache_dir, message):
             settings = vars(args)  # each option's dest is a DEFAULTS key, but for these two
             meta = prepare_data(settings.pop("data"), settings.pop("cache_dir"), settings)
     except (ValueError, OSError) as e:

@@ -797,7 +797,7 @@ def _prepare_mixture_into(tmp, sources, settings, opts):
 def _source_chars(files):
     """A source's size for temperature sampling and the tokenizer's sample: characters of its
     documents."""
-    # characters, not bytes or tokens: comparable across scripts and known before any tokenizer exists
+    # characters, not bytes or tokens: comparable across scripts, known before any tokenizer exists
     return sum(len(doc) for path in files for doc in iter_documents(path))
 
 
@@ -867,7 +867,8 @@ MIX_TEMPERATURE_HELP = ("weight a mixture's sources by size^(1/T), size in chara
 
 def main(argv=None):
     p = argparse.ArgumentParser(
-        prog="data.py", description="Prepare a corpus: clean, train a tokenizer, write token shards.",
+        prog="data.py",
+        description="Prepare a corpus: clean, train a tokenizer, write token shards.",
         usage="%(prog)s --data DATA [--out CACHE] [flags]  (--help lists them)")
     # Data
     p.add_argument("--data", default="sample", help=DATA_HELP)

@@ -37,6 +37,7 @@ from tqdm import tqdm
 import data
 import download
 import model
+import tokenizer
 
 csv.field_size_limit(1 << 24)  # a few MNLI/QQP fields are long; the default 128 KiB limit is close
 
@@ -399,7 +400,7 @@ def extract_task_zip(zip_path, glue_dir, task):
 
 
 def write_text(path, text):
-    data.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
+    model.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
 
 
 def build_mrpc(folder):
@@ -718,8 +719,8 @@ def evaluate(checkpoint, tasks=None, settings=None):
     task_file = given["task_file"]
     tasks = ([] if task_file else list(TASKS)) if tasks is None else check_tasks(tasks)
     tok_path = os.path.join(checkpoint, "tokenizer.json")
-    enc = data.load_tokenizer(tok_path)
-    ids = data.special_ids(enc)
+    enc = tokenizer.load_tokenizer(tok_path)
+    ids = tokenizer.special_ids(enc)
     trunk = model.load_model(checkpoint, device=device)
     cfg = trunk.config
     if enc.n_vocab > model.padded_vocab_size(cfg):

@@ -36,8 +36,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import data
 import model
+import tokenizer
+from loader import load_meta, read_shard
 
 BUILT_IN = ("cloze", "last-word")
 
@@ -103,13 +104,13 @@ def check_item(item, kind, where):
 
 def held_out_documents(folder):
     """The documents of a prepared data folder's validation split, decoded back to text."""
-    meta = data.load_meta(folder)
-    enc = data.load_tokenizer(meta["tokenizer"])
-    sep = data.special_ids(enc)["sep"]
+    meta = load_meta(folder)
+    enc = tokenizer.load_tokenizer(meta["tokenizer"])
+    sep = tokenizer.special_ids(enc)["sep"]
     docs = []
     # validation text: the model never trained on it, so a built-in task cannot be memorized
     for shard in meta["val"]:
-        tokens = np.asarray(data.read_shard(shard))
+        tokens = np.asarray(read_shard(shard))
         # data.py ends every document with [SEP], so the [SEP] positions cut the stream back apart
         cuts = np.flatnonzero(tokens == sep)
         starts = np.concatenate([[0], cuts[:-1] + 1])
@@ -247,7 +248,7 @@ def pick(logprobs, choices):
 def evaluate_items(net, enc, kind, items, progress=True, desc=""):
     """Score one task. Returns its metrics (percent; perplexity as a number) and the per-item
     results."""
-    specials = data.special_ids(enc)
+    specials = tokenizer.special_ids(enc)
     score = score_causal if net.config["objective"] == "clm" else score_masked
     T = net.config["max_seq_len"]
     per_item = []
@@ -293,8 +294,8 @@ def harness_model_class():
             super().__init__()
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             self.net = model.load_model(checkpoint, device).eval()
-            self.enc = data.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
-            self.specials = data.special_ids(self.enc)
+            self.enc = tokenizer.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
+            self.specials = tokenizer.special_ids(self.enc)
             self.score = score_causal if self.net.config["objective"] == "clm" else score_masked
 
         def loglikelihood(self, requests, disable_tqdm=False):
@@ -387,7 +388,7 @@ def evaluate(checkpoint, task_files=(), tasks=(), settings=None):
     jobs += [(t, *builders[t](docs, n_items=n_items, seed=seed)) for t in tasks]
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     net = model.load_model(checkpoint, device).eval()
-    enc = data.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
+    enc = tokenizer.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
     # a tokenizer from another run could emit ids past the embedding table: refuse, not crash
     if enc.n_vocab > net.config["vocab_size"]:
         raise ValueError(f"{checkpoint}: tokenizer has {enc.n_vocab} tokens, the model "
@@ -408,9 +409,9 @@ def evaluate(checkpoint, task_files=(), tasks=(), settings=None):
     print(table)
     if out:
         os.makedirs(out, exist_ok=True)
-        data.atomic_write(os.path.join(out, "results.json"), lambda f: f.write(json.dumps(results,
-                                                                                          indent=2).encode()))
-        data.atomic_write(os.path.join(out, "results.md"), lambda f: f.write(table.encode()))
+        text = json.dumps(results, indent=2)
+        model.atomic_write(os.path.join(out, "results.json"), lambda f: f.write(text.encode()))
+        model.atomic_write(os.path.join(out, "results.md"), lambda f: f.write(table.encode()))
         print(f"wrote {out}/results.json and {out}/results.md")
     return results
 
@@ -467,7 +468,7 @@ def main(argv=None):
             print(json.dumps(results, indent=2))
             if args.out:
                 os.makedirs(args.out, exist_ok=True)
-                data.atomic_write(os.path.join(args.out, "harness.json"),
+                model.atomic_write(os.path.join(args.out, "harness.json"),
                                   lambda f: f.write(json.dumps(results, indent=2).encode()))
             if not (args.task_file or args.task):
                 return results

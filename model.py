@@ -663,7 +663,7 @@ def _ready(net, enc, objective, hint):
         raise ValueError(f"tokenizer has {enc.n_vocab} tokens, the model only "
                          f"{net.config['vocab_size']}: "
                          f"not the tokenizer it was trained with")
-    # Ordinary (byte/merge) ids come first, specials after them (data.n_ordinary): scoring only ids
+    # Ordinary (byte/merge) ids come first, specials after them (tokenizer.n_ordinary): scoring only ids
     # below this leaves out [CLS] [SEP] [MASK] ..., the reserved ids and the padding rows of the
     # embedding.
     return net, min(enc.encode_single_token(s) for s in enc.special_tokens_set)
@@ -673,7 +673,7 @@ def _ready(net, enc, objective, hint):
 def fill_mask(net, enc, text, top_k=5):
     """For each [MASK] in text, in order, the top_k guesses [(token string, probability), ...],
     probabilities over ordinary tokens only. enc: the model's tiktoken Encoding
-    (data.load_tokenizer). Puts net in eval mode."""
+    (tokenizer.load_tokenizer). Puts net in eval mode."""
     net, n_ordinary = _ready(net, enc, "mlm",
                              "fill_mask needs a masked LM (generate is for causal ones)")
     *before, last = text.split("[MASK]")
@@ -681,7 +681,7 @@ def fill_mask(net, enc, text, top_k=5):
         raise ValueError(f"text {text!r} has no [MASK] to fill")
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    # The input looks like a pretraining sequence, [CLS] text [SEP] (data.Loader). A BPE word
+    # The input looks like a pretraining sequence, [CLS] text [SEP] (loader.Loader). A BPE word
     # carries its leading space, so the space before a [MASK] belongs to the masked token, not to
     # the text before it.
     special = {s: enc.encode_single_token(s) for s in ("[CLS]", "[SEP]", "[MASK]")}
@@ -762,8 +762,7 @@ def main(argv=None):
     """python model.py CHECKPOINT "text with [MASK]": print the guesses per mask (masked LM) or the
     continuation of the text (causal LM). CHECKPOINT is a folder like train.py's out/final."""
     import argparse
-    # here, not at the top: the model itself needs no tokenizer (and data.py's dependencies)
-    import data
+    import tokenizer  # here, not at the top: the model itself needs no tokenizer
     p = argparse.ArgumentParser(description="Fill in [MASK]s (masked LM) or continue a prompt "
                                             "(causal LM).")
     p.add_argument("checkpoint",
@@ -785,7 +784,7 @@ def main(argv=None):
         raise SystemExit(f"error: {tokenizer_path}: missing; train.py saves it beside model.pt")
     try:
         net = load_model(args.checkpoint, "cuda" if torch.cuda.is_available() else "cpu")
-        enc = data.load_tokenizer(tokenizer_path)
+        enc = tokenizer.load_tokenizer(tokenizer_path)
         if net.config["objective"] == "clm":
             sampling = {"temperature": args.temperature, "top_k": args.top_k or None,
                         "seed": args.seed}

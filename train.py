@@ -41,6 +41,8 @@ import grow
 import model
 import parallel
 import planning
+import tokenizer
+from loader import make_loader  # a function: train.py calls its Loader `loader`
 
 # -----------------------------------------------------------------------------
 # The run: set-up, the loop, the finish
@@ -411,7 +413,7 @@ def start_run(args, ckpt, ranks, budget_was):
     cfg = planning.model_config(args, meta["n_vocab"])
     stages = growth_stages(args, cfg)
     run = Run(args, device, parallel.autocast_dtype(args.dtype, device), rank, world, meta,
-              data.load_tokenizer(meta["tokenizer"]), cfg, stages, Budget(args),
+              tokenizer.load_tokenizer(meta["tokenizer"]), cfg, stages, Budget(args),
               planning.gpu_peak_flops(device))
     if stages and any(stages[-1]["config"][k] != cfg[k] for k in grow.GROWN_KEYS):
         run.say(f"--grow: the schedule ends at {grow.describe(stages[-1]['config'])}, not the "
@@ -438,26 +440,27 @@ def prepare_interruptible(args, device, rank, world):
 def prepare(args, device, rank, world):
     """Rank 0 prepares (downloads, cleans, tokenizes); the others wait, then read the same cache."""
     tokens = planning.budget_tokens(args, device) if data.downloads(args.data) else None
-    kwargs = dict(data=args.data, cache_dir=args.cache, vocab_size=args.vocab_size,
-                  tokenizer=args.tokenizer, lowercase=args.lowercase, strip_accents=args.lowercase,
-                  fineweb_shards=args.fineweb_shards, max_tokens=tokens, progress=rank == 0,
-                  mix_temperature=args.mix_temperature)
+    settings = {"vocab_size": args.vocab_size, "tokenizer": args.tokenizer,
+                "lowercase": args.lowercase, "strip_accents": args.lowercase,
+                "fineweb_shards": args.fineweb_shards, "max_tokens": tokens,
+                "mix_temperature": args.mix_temperature}  # data.DEFAULTS for the rest
     meta = None
     # One process downloads and tokenizes, so ranks never race on the cache; the others then find
     # the finished entry under the same settings key and only read its meta.json
     if rank == 0:
         try:
-            meta = data.prepare_data(**kwargs)
+            meta = data.prepare_data(args.data, args.cache, settings, progress=True)
         except (ValueError, OSError) as e:
             raise SystemExit(f"error: {e}") from None
     if world > 1:
         torch.distributed.barrier()
         if rank != 0:
-            meta = data.prepare_data(**{**kwargs, "progress": False})
+            meta = data.prepare_data(args.data, args.cache, settings, progress=False)
     try:  # every shard's header and size, now: a damaged cache is a one-line error, not a traceback
         for split in ("train", "val"):
-            data.make_loader(meta, split, args.objective, rank=rank, world_size=world,
-                             mask_rate=args.mask_rate, prefetch=False)
+            make_loader(meta, split, {"objective": args.objective, "rank": rank,
+                                      "world_size": world, "mask_rate": args.mask_rate},
+                        prefetch=False)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     return meta
@@ -476,8 +479,9 @@ def build(run, ckpt):
         checkpoint.load_weights(net, ckpt)
     net = parallel.wrap(net.train(), args, run.device, run.world)
     optimizer = make_optimizer(model.unwrap(net), args, run.device)
-    loader = data.make_loader(run.meta, "train", args.objective, seed=args.seed, rank=run.rank,
-                              world_size=run.world, mask_rate=args.mask_rate, device=run.device)
+    settings = {"objective": args.objective, "seed": args.seed, "rank": run.rank,
+                "world_size": run.world, "mask_rate": args.mask_rate}
+    loader = make_loader(run.meta, "train", settings, device=run.device)
     state = RunState(next_eval=args.eval_every, next_check=args.grow_check_every)
     if ckpt:
         state = RunState(**checkpoint.restore(ckpt, net, optimizer, loader))
@@ -636,9 +640,10 @@ def held_out_batches(run, source, T):
     """--eval-batches batches of the val split read in order with a fixed seed: the same masks every
     time and in every run, so curves compare."""
     args = run.args
-    loader = data.make_loader(run.meta, "val", args.objective, seed=1234, rank=run.rank,
-                              world_size=run.world, mask_rate=args.mask_rate, device=run.device,
-                              prefetch=False, source=source)
+    settings = {"objective": args.objective, "seed": 1234, "rank": run.rank,
+                "world_size": run.world, "mask_rate": args.mask_rate}
+    loader = make_loader(run.meta, "val", settings, device=run.device, prefetch=False,
+                         source=source)
     return [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
 
 

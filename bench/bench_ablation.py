@@ -22,8 +22,8 @@ import sys
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path[:0] = [ROOT, BENCH]
-import data  # noqa: E402
 import evaluate_lm  # noqa: E402
+import model  # noqa: E402
 from bench_recipe import check_lane_args, lane_bench_parser, run_lanes  # noqa: E402
 
 TARGET = ("--objective clm --model tiny --n-layers 4 --d-model 64 --n-heads 4 --ffn-dim 128 --max-seq-len 64 "
@@ -88,7 +88,7 @@ def main(argv=None):
         print(f"{arm:<26} | " + " | ".join(f"{statistics.mean(v):7.3f} [{min(v):.2f}-{max(v):.2f}]".rjust(23)
                                           for v in cells.values()))
     path = os.path.join(args.out, "results.json")
-    data.atomic_write(path, lambda f: f.write(json.dumps({"args": vars(args), "rows": rows}, indent=1).encode()))
+    model.atomic_write(path, lambda f: f.write(json.dumps({"args": vars(args), "rows": rows}, indent=1).encode()))
     print(f"wrote {path}")
     return rows
 

@@ -16,7 +16,7 @@ same depth, width, heads and vocabulary, trained once per learning rate in --hf-
 of wall clock; the best HF learning rate by final held-out loss is the baseline.
 
 Why it is fair (a comparison counts only if the baseline had a fair chance):
-  - data: the same tokenizer, the same training stream (data.make_loader, train split, same seed) and the same
+  - data: the same tokenizer, the same training stream (loader.make_loader, train split, same seed) and the same
     masks: HF gets dense labels (-100 elsewhere) scattered from our sparse labels, so both predict the same
     tokens at the same positions. Held-out loss is measured the same way for both (train.evaluate's batches:
     the val split in order, seed 1234, --eval-batches x --micro-batch sequences) at the same fractions of the
@@ -86,12 +86,12 @@ import torch
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path[:0] = [ROOT, BENCH]  # the project's modules and bench_model.py, also when imported from tests
-import data  # noqa: E402
 import flags  # noqa: E402
 import model  # noqa: E402
 import parallel  # noqa: E402
 import planning  # noqa: E402
 import train  # noqa: E402
+from loader import make_loader  # noqa: E402
 from bench_model import hf_bert  # noqa: E402
 
 EVAL_EVERY = 0.1          # held-out evaluations at every tenth of the budget, for both models
@@ -174,7 +174,7 @@ def hf_loss(net, batch, dtype):
 @torch.no_grad()
 def hf_evaluate(net, meta, s, device, dtype):
     """Mean held-out loss on exactly train.evaluate's batches: the val split in order, seed 1234."""
-    loader = data.make_loader(meta, "val", "mlm", seed=1234, mask_rate=s.mask_rate, device=device, prefetch=False)
+    loader = make_loader(meta, "val", {"seed": 1234, "mask_rate": s.mask_rate}, device=device, prefetch=False)
     net.eval()
     total = sum(hf_loss(net, loader.next_batch(s.micro_batch, s.max_seq_len), dtype).item()
                 for _ in range(s.eval_batches))
@@ -192,7 +192,7 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
     optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
                                    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                                   lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
-    loader = data.make_loader(meta, "train", "mlm", seed=seed, mask_rate=s.mask_rate, device=device)
+    loader = make_loader(meta, "train", {"seed": seed, "mask_rate": s.mask_rate}, device=device)
     run_net = torch.compile(net, dynamic=False) if s.compile else net
     accum = max(1, round(s.batch_tokens / (s.micro_batch * s.max_seq_len)))  # train.py's target accumulation
     # train.py's clock (from after model, optimizer and loader are built) and its hard deadline
@@ -617,7 +617,7 @@ def main(argv=None):
     results["analysis"] = analyze(results["runs"])
     report(results)
     os.makedirs(args.out, exist_ok=True)
-    data.atomic_write(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
+    model.atomic_write(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
     png = plot(results, os.path.join(args.out, "curves.png"))
     print(f"wrote {path}" + (f" and {png}" if png else " (pip install matplotlib for curves.png)"))
     return results
@@ -653,7 +653,7 @@ def run_all(args):
                               "warmup": HF_WARMUP, "schedule": "linear to 0 at the deadline", "dropout": 0.0}}
     results = {"settings": settings, "runs": runs}
     os.makedirs(args.out, exist_ok=True)  # saved now, so a failure in the downstream check loses no run
-    data.atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))
+    model.atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))
     if not args.no_downstream:
         results["downstream"] = run_downstream(runs, args)
     return results

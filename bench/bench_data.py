@@ -5,7 +5,7 @@
     python bench/bench_data.py --mixture             # only section 4: a two-language mixture
 
 Reports, each with a ratio (absolute times depend on the machine and its load; the ratios travel better):
-1. tokenizer training time: rustbpe (data.train_tokenizer) vs tokenizers' BPE trainer (byte-level, same split
+1. tokenizer training time: rustbpe (tokenizer.train_tokenizer) vs tokenizers' BPE trainer (byte-level, same split
    pattern, same vocabulary size);
 2. encoding throughput in MB/s of UTF-8 text: tiktoken vs tokenizers, batch (all threads) and one thread;
 3. the loader's cost as a fraction of a training step (fwd + bwd + AdamW of model.py's "mini" preset, MLM):
@@ -31,6 +31,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
 import model  # noqa: E402
+import tokenizer  # noqa: E402
+from loader import make_loader  # noqa: E402
 
 
 def timed(fn, repeat=1):
@@ -48,9 +50,9 @@ def hf_bpe(docs, vocab_size):
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(data.SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.Split(Regex(tokenizer.SPLIT_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    specials = data.SPECIAL_TOKENS + [f"[RESERVED_{i}]" for i in range(data.MIN_RESERVED)]
+    specials = tokenizer.SPECIAL_TOKENS + [f"[RESERVED_{i}]" for i in range(tokenizer.MIN_RESERVED)]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, min_frequency=0,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(docs, trainer=trainer)
@@ -59,7 +61,7 @@ def hf_bpe(docs, vocab_size):
 
 def bench_tokenizers(docs, vocab_size, repeat):
     mb = sum(len(d.encode("utf-8")) for d in docs) / 1e6
-    t_ours, enc = timed(lambda: data.train_tokenizer(docs, vocab_size), repeat)
+    t_ours, enc = timed(lambda: tokenizer.train_tokenizer(docs, vocab_size), repeat)
     t_hf, hf = timed(lambda: hf_bpe(docs, vocab_size), repeat)
     threads = os.cpu_count() or 1
     e_ours, ids = timed(lambda: enc.encode_ordinary_batch(docs, num_threads=threads), repeat)
@@ -95,7 +97,7 @@ def bench_loader(meta, batch_size, seq_len, steps, device, assumed_tflops):
     desc, step = build_step(meta["n_vocab"], seq_len, device)
     out = {"model": desc, "batch_size": batch_size, "seq_len": seq_len, "device": device}
     for prefetch in (True, False):
-        loader = data.make_loader(meta, "train", "mlm", seed=0, device=device, prefetch=prefetch)
+        loader = make_loader(meta, "train", {"seed": 0}, device=device, prefetch=prefetch)
         step(loader.next_batch(batch_size, seq_len))  # warm-up
         t_load = t_step = 0.0
         for _ in range(steps):
@@ -113,7 +115,7 @@ def bench_loader(meta, batch_size, seq_len, steps, device, assumed_tflops):
     # base model at an assumed throughput: the fraction the loader would cost if it were not overlapped
     out["alone"] = []
     for B in sorted({batch_size, 256}):
-        loader = data.make_loader(meta, "train", "mlm", seed=0, prefetch=False)
+        loader = make_loader(meta, "train", {"seed": 0}, prefetch=False)
         t_alone, _ = timed(lambda: [loader.next_batch(B, seq_len) for _ in range(20)], 3)
         row = {"batch_size": B, "loader_ms": 1e3 * t_alone / 20, "tokens_per_s": 20 * B * seq_len / t_alone}
         flops = model.flops_per_token(model.make_config("base", vocab_size=meta["n_vocab"]), seq_len)
@@ -176,8 +178,8 @@ def bench_mixture(args, cache):
         label = "French gettext catalogs"
     out = {"second": label, "vocab_size": args.vocab_size, "temperatures": []}
     for T in (1.0, args.mix_temperature):
-        meta = data.prepare_data(f"sample,{second}", cache, vocab_size=args.vocab_size, mix_temperature=T,
-                                 progress=False)
+        meta = data.prepare_data(f"sample,{second}", cache,
+                                 {"vocab_size": args.vocab_size, "mix_temperature": T}, progress=False)
         out["temperatures"].append({"T": T, "sources": [
             {k: s[k] for k in ("name", "weight", "chars", "train_tokens", "bytes_per_token", "tokens_per_word")}
             for s in meta["sources"]]})
@@ -185,8 +187,8 @@ def bench_mixture(args, cache):
     english = meta["sources"][0]["name"]
     out["loader"] = []
     for B in sorted({args.batch_size, 256}):
-        mixed = data.make_loader(meta, "train", "mlm", seed=0, prefetch=False)
-        single = data.make_loader(meta, "train", "mlm", seed=0, prefetch=False, source=english)
+        mixed = make_loader(meta, "train", {"seed": 0}, prefetch=False)
+        single = make_loader(meta, "train", {"seed": 0}, prefetch=False, source=english)
         times = paired_batch_times(mixed, single, B, args.seq_len, pairs=args.repeat * 100)
         ratios = [m / s for m, s in zip(times["mixture"], times["single"])]
         quartiles = statistics.quantiles(ratios, n=4)
@@ -247,7 +249,7 @@ def main():
     docs = list(data.iter_documents(data.SAMPLE_CORPUS))
     tok = bench_tokenizers(docs, args.vocab_size, args.repeat)
     with tempfile.TemporaryDirectory() as cache:
-        meta = data.prepare_data("sample", cache, vocab_size=args.vocab_size, progress=False)
+        meta = data.prepare_data("sample", cache, {"vocab_size": args.vocab_size}, progress=False)
         loader = bench_loader(meta, args.batch_size, args.seq_len, args.steps, args.device, args.assumed_tflops)
     results = {**tok, **loader, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

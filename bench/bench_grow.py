@@ -36,7 +36,6 @@ import time
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path[:0] = [ROOT, BENCH]
-import data  # noqa: E402
 import flags  # noqa: E402
 import grow  # noqa: E402
 import model  # noqa: E402
@@ -308,7 +307,7 @@ def main(argv=None):
     print(f"({time.time() - start:.0f} s)")
     blob = {"args": vars(args), "flags": {a: flags[a] for a in names}, "target": cfg, **result, "curves": curves}
     path = os.path.join(args.out, "bench_grow.json")
-    data.atomic_write(path, lambda f: f.write(json.dumps(blob, indent=1).encode()))
+    model.atomic_write(path, lambda f: f.write(json.dumps(blob, indent=1).encode()))
     png = plot(curves, os.path.join(args.out, "curves.png"))
     print(f"wrote {path}" + (f" and {png}" if png else " (pip install matplotlib for curves.png)"))
     return blob

@@ -26,7 +26,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import data  # noqa: E402
+import model  # noqa: E402
+from loader import load_meta, make_loader  # noqa: E402
 
 # One lever per arm: a name and the train.py flags it adds to the base flags.
 ARMS = {
@@ -102,9 +103,9 @@ def loss_at_common_masking(folder, cache, mask_rate=0.25, batches=16):
         summary = json.load(f)
     with open(os.path.join(folder, "args.json")) as f:
         micro_batch = json.load(f)["micro_batch"]
-    meta = data.load_meta(os.path.join(cache, summary["comparable"]["data"]))
+    meta = load_meta(os.path.join(cache, summary["comparable"]["data"]))
     net = model.load_model(os.path.join(folder, "final")).eval()
-    loader = data.make_loader(meta, "val", "mlm", seed=1234, mask_rate=mask_rate, prefetch=False)
+    loader = make_loader(meta, "val", {"seed": 1234, "mask_rate": mask_rate}, prefetch=False)
     with torch.no_grad():
         return sum(net(**loader.next_batch(micro_batch, summary["comparable"]["seq_len"]))["loss"].item()
                    for _ in range(batches)) / batches
@@ -188,7 +189,7 @@ def main(argv=None):
               "arms": [{"arm": n, "losses": l, "mean": m, "delta": d, "losses_at_own_mask_rate": own[n]}
                        for n, l, m, d in rows]}
     path = os.path.join(args.out, "results.json")
-    data.atomic_write(path, lambda f: f.write(json.dumps(result, indent=1).encode()))
+    model.atomic_write(path, lambda f: f.write(json.dumps(result, indent=1).encode()))
     print(f"wrote {path}")
 
 

@@ -26,6 +26,7 @@ torch.set_num_threads(2)
 
 import data  # noqa: E402  (importable only after the path insert above)
 import model  # noqa: E402
+import tokenizer  # noqa: E402
 
 POSITIONS = ["learned", "sinusoidal", "rotary", "alibi", "none"]
 SENTENCE = "the cat sat on the mat."
@@ -44,13 +45,13 @@ def seeded_model(cfg, seed=0):
 def save_checkpoint(net, enc, folder):
     """folder/model.pt, config.json and tokenizer.json, as train.py leaves them in out/final."""
     model.save_model(net, str(folder))
-    data.save_tokenizer(enc, os.path.join(folder, "tokenizer.json"))
+    tokenizer.save_tokenizer(enc, os.path.join(folder, "tokenizer.json"))
     return str(folder)
 
 
 def random_checkpoint(folder, texts):
     """An untrained 1-layer model and a 320-token BPE trained on texts, saved as a training run would."""
-    enc = data.train_tokenizer(texts, 320)
+    enc = tokenizer.train_tokenizer(texts, 320)
     cfg = model.make_config("tiny", vocab_size=enc.n_vocab, n_layers=1, d_model=32, n_heads=2, ffn_dim=64)
     return save_checkpoint(model.build_model(cfg), enc, folder)
 
@@ -63,7 +64,7 @@ def read_log(out):
 @pytest.fixture(scope="session")
 def enc():
     texts = [SENTENCE, "the dog ran in the park.", "a bird sang on the tree.", "we sat in the sun."] * 10
-    return data.train_tokenizer(texts, vocab_size=320)
+    return tokenizer.train_tokenizer(texts, vocab_size=320)
 
 
 @pytest.fixture(scope="session")
@@ -71,5 +72,5 @@ def sample_cache(tmp_path_factory):
     """The sample corpus with a 512-token BPE, prepared once: the entry train.py --data sample --vocab-size 512
     finds in this cache folder (prepare_data keys its cache by settings), so no run prepares it again."""
     folder = str(tmp_path_factory.mktemp("cache"))
-    data.prepare_data("sample", folder, 512, progress=False)
+    data.prepare_data("sample", folder, {"vocab_size": 512}, progress=False)
     return folder

@@ -129,20 +129,20 @@ def small_corpus(tmp_path):
 def test_data_removes_temporary_folders_of_killed_preparations(tmp_path):
     corpus = small_corpus(tmp_path)
     cache = tmp_path / "cache"
-    meta = data.prepare_data(str(corpus), str(cache), 320, progress=False)
+    meta = data.prepare_data(str(corpus), str(cache), {"vocab_size": 320}, progress=False)
     dead = f"{meta['dir']}.999999999.tmp"                                  # no such process
     alive = f"{meta['dir']}.{os.getppid()}.tmp"                            # a live process: still preparing
     for folder in (dead, alive):
         os.makedirs(folder)
     shutil.rmtree(meta["dir"])                                             # force a new preparation
-    data.prepare_data(str(corpus), str(cache), 320, progress=False)
+    data.prepare_data(str(corpus), str(cache), {"vocab_size": 320}, progress=False)
     assert not os.path.exists(dead) and os.path.exists(alive)
 
 
 def test_a_damaged_shard_is_a_one_line_error_in_train(tmp_path, capsys):
     corpus = small_corpus(tmp_path)
     cache = tmp_path / "cache"
-    meta = data.prepare_data(str(corpus), str(cache), 320, progress=False)
+    meta = data.prepare_data(str(corpus), str(cache), {"vocab_size": 320}, progress=False)
     shard = meta["train"][0]
     with open(shard, "r+b") as f:
         f.write(b"JUNK")                                                   # bad magic

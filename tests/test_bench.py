@@ -160,20 +160,21 @@ def test_both_models_get_identical_masked_targets_for_the_same_loader_position(b
                                                                               tmp_path, monkeypatch):
     import data
     import train
-    seen, next_batch = [], data.Loader.next_batch
+    from loader import Loader, make_loader
+    seen, next_batch = [], Loader.next_batch
 
     def recording(self, batch_size, seq_len=128):
         batch = next_batch(self, batch_size, seq_len)
         if self.shuffle:  # the train split; evaluation reads the val split in order
             seen.append(batch)
         return batch
-    monkeypatch.setattr(data.Loader, "next_batch", recording)
+    monkeypatch.setattr(Loader, "next_batch", recording)
     train.main(["--data", "sample", "--cache", sample_cache, "--vocab-size", "512", "--model", "tiny",
                 "--max-seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256", "--eval-batches", "1",
                 "--max-steps", "2", "--seed", "3", "--out", str(tmp_path)])
-    monkeypatch.setattr(data.Loader, "next_batch", next_batch)
-    meta = data.prepare_data("sample", sample_cache, 512, progress=False)
-    hf_loader = data.make_loader(meta, "train", "mlm", seed=3, mask_rate=0.25)  # as run_hf builds it
+    monkeypatch.setattr(Loader, "next_batch", next_batch)
+    meta = data.prepare_data("sample", sample_cache, {"vocab_size": 512}, progress=False)
+    hf_loader = make_loader(meta, "train", {"seed": 3, "mask_rate": 0.25})  # as run_hf builds it
     assert len(seen) >= 2
     for ours in seen:
         hf = hf_loader.next_batch(4, 32)
@@ -240,9 +241,12 @@ def test_word_order_task_scrambles_half_of_each_split_and_keeps_the_words(bench_
 
 def test_word_order_lines_come_from_the_documents_pretraining_holds_out(bench_cram, sample_cache):
     import data
-    meta = data.prepare_data("sample", sample_cache, 512, progress=False)   # the cached entry, as train.py sees it
-    enc = data.load_tokenizer(os.path.join(meta["dir"], "tokenizer.json"))
-    val_text = "".join(enc.decode(data.read_shard(os.path.join(meta["dir"], f)).tolist()) for f in meta["val"])
+    import tokenizer
+    from loader import read_shard
+    meta = data.prepare_data("sample", sample_cache,
+                             {"vocab_size": 512}, progress=False)  # as train.py sees it
+    enc = tokenizer.load_tokenizer(os.path.join(meta["dir"], "tokenizer.json"))
+    val_text = "".join(enc.decode(read_shard(os.path.join(meta["dir"], f)).tolist()) for f in meta["val"])
     held_out = bench_cram.read_plays(bench_cram.CORPUS, bench_cram.HELD_OUT_PLAYS)
     assert all(ls[0] in val_text and ls[-1] in val_text for ls in held_out.values())
     assert bench_cram.read_plays(bench_cram.CORPUS, ["hamlet"])["hamlet"][0] not in val_text

@@ -21,6 +21,8 @@ import torch
 
 import data
 import download
+import tokenizer
+from loader import make_loader, mixture_pattern, read_shard, write_shard
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "ta", "shi", "po", "ven", "dar", "el", "gu"]
 
@@ -51,7 +53,7 @@ def write_parquet(path, docs, column="text"):
 def fake_meta(tmp_path, tokens, n_ordinary=100):
     """A hand-made prepared split: shard of `tokens`, specials pad/cls/sep/mask = n_ordinary .. n_ordinary+3."""
     path = str(tmp_path / "train_00000.bin")
-    data.write_shard(path, tokens)
+    write_shard(path, tokens)
     special = {"pad": n_ordinary, "cls": n_ordinary + 1, "sep": n_ordinary + 2, "mask": n_ordinary + 3}
     return {"dir": str(tmp_path), "train": [path], "val": [path], "n_ordinary": n_ordinary, "special_ids": special}
 
@@ -59,14 +61,15 @@ def fake_meta(tmp_path, tokens, n_ordinary=100):
 @pytest.fixture(scope="module")
 def docs_enc():
     """A 384-token BPE trained on 40 made-up documents (not conftest's sentence tokenizer `enc`)."""
-    return data.train_tokenizer(make_docs(40), vocab_size=384)
+    return tokenizer.train_tokenizer(make_docs(40), vocab_size=384)
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("prep")
     src = write_jsonl(root / "corpus.jsonl", make_docs(30))
-    return data.prepare_data(src, str(root / "cache"), vocab_size=320, workers=1, val_fraction=0.1, progress=False)
+    return data.prepare_data(src, str(root / "cache"),
+                             {"vocab_size": 320, "workers": 1, "val_fraction": 0.1}, progress=False)
 
 
 # ---------------------------------------------------------------------------------------------- sources
@@ -93,7 +96,7 @@ def test_txt_jsonl_gz_and_parquet_are_read_from_a_folder(tmp_path):
 
 
 def test_sample_corpus_is_bundled_with_42_works():
-    name, files, _ = data._resolve("sample", "unused", None, None, data.FINEWEB_URL, False)
+    name, files, _ = data._resolve("sample", None, "unused", {**data.DEFAULTS, "progress": False})
     docs = list(data.iter_documents(files[0]))
     assert name == "sample" and len(docs) == 42 and sum(map(len, docs)) > 4_000_000
 
@@ -141,8 +144,8 @@ def test_prepare_removes_duplicates_empty_and_incompressible_documents(tmp_path)
     docs = make_docs(12)
     junk = "".join(chr(0x4E00 + i * 37) for i in range(300))  # unseen CJK: ~3 byte tokens per character
     src = write_jsonl(tmp_path / "c.jsonl", docs + [docs[0], docs[1], "   ", junk])
-    meta = data.prepare_data(src, str(tmp_path / "cache"), vocab_size=320, workers=1, max_tokens_per_char=1.0,
-                             progress=False)
+    meta = data.prepare_data(src, str(tmp_path / "cache"),
+                             {"vocab_size": 320, "workers": 1, "max_tokens_per_char": 1.0}, progress=False)
     r = meta["report"]
     assert r["documents_in"] == 16 and r["documents_out"] == 12
     assert r["removed"]["duplicate"] == {"documents": 2, "bytes": len((docs[0] + docs[1]).encode())}
@@ -155,16 +158,16 @@ def test_prepare_removes_duplicates_empty_and_incompressible_documents(tmp_path)
 
 def test_vocab_is_padded_to_a_multiple_of_64_with_specials_after_the_merges(docs_enc):
     assert docs_enc.n_vocab == 384 and docs_enc.n_vocab % 64 == 0
-    ids = data.special_ids(docs_enc)
-    assert data.n_ordinary(docs_enc) == ids["pad"] == 376  # 256 bytes + 120 merges, then 4 specials + 4 reserved
+    ids = tokenizer.special_ids(docs_enc)
+    assert tokenizer.n_ordinary(docs_enc) == ids["pad"] == 376  # 256 bytes + 120 merges, then 4 specials + 4 reserved
     assert [ids[k] for k in ("pad", "cls", "sep", "mask")] == [376, 377, 378, 379]
     assert docs_enc.decode_single_token_bytes(383) == b"[RESERVED_3]"
 
 
 def test_vocab_size_not_a_multiple_of_64_is_rounded_up():
-    assert data.train_tokenizer(make_docs(40), vocab_size=330).n_vocab == 384
+    assert tokenizer.train_tokenizer(make_docs(40), vocab_size=330).n_vocab == 384
     with pytest.raises(ValueError, match="too small"):
-        data.train_tokenizer(["abc"], vocab_size=260)
+        tokenizer.train_tokenizer(["abc"], vocab_size=260)
 
 
 def test_encode_decode_round_trips_any_utf8(docs_enc):
@@ -178,7 +181,7 @@ def test_encode_decode_round_trips_any_utf8(docs_enc):
 
 def test_special_token_strings_in_text_are_ordinary_bytes(docs_enc):
     ids = docs_enc.encode_ordinary("[MASK]")
-    assert data.special_ids(docs_enc)["mask"] not in ids and max(ids) < data.n_ordinary(docs_enc)
+    assert tokenizer.special_ids(docs_enc)["mask"] not in ids and max(ids) < tokenizer.n_ordinary(docs_enc)
 
 
 def test_numbers_are_split_into_groups_of_at_most_two_digits(docs_enc):
@@ -188,27 +191,27 @@ def test_numbers_are_split_into_groups_of_at_most_two_digits(docs_enc):
 
 def test_tokenizer_file_is_plain_json_and_loads_identically(docs_enc, tmp_path):
     path = str(tmp_path / "tok.json")
-    data.save_tokenizer(docs_enc, path)
+    tokenizer.save_tokenizer(docs_enc, path)
     doc = json.load(open(path))
     assert doc["format"] == "growcram-tokenizer" and doc["version"] == 1 and len(doc["ranks"]) == 376
-    loaded = data.load_tokenizer(path)
+    loaded = tokenizer.load_tokenizer(path)
     text = " ".join(make_docs(3, seed=9))
     assert loaded.encode_ordinary(text) == docs_enc.encode_ordinary(text) and loaded.n_vocab == 384
-    assert data.special_ids(loaded) == data.special_ids(docs_enc)
+    assert tokenizer.special_ids(loaded) == tokenizer.special_ids(docs_enc)
     assert os.listdir(tmp_path) == ["tok.json"]  # no temporary file left
 
 
 def test_tokenizer_of_another_version_is_a_one_line_error_naming_the_file(docs_enc, tmp_path):
     path = str(tmp_path / "tok.json")
-    data.save_tokenizer(docs_enc, path)
+    tokenizer.save_tokenizer(docs_enc, path)
     doc = json.load(open(path))
     doc["version"] = 99
     json.dump(doc, open(path, "w"))
     with pytest.raises(ValueError, match=r"tok.json: tokenizer format version 99, this data.py reads version 1"):
-        data.load_tokenizer(path)
+        tokenizer.load_tokenizer(path)
     open(path, "w").write("{not json")
     with pytest.raises(ValueError, match="tok.json: not a tokenizer file"):
-        data.load_tokenizer(path)
+        tokenizer.load_tokenizer(path)
 
 
 def test_stock_encoding_offline_is_a_one_line_error(tmp_path, monkeypatch):
@@ -218,7 +221,7 @@ def test_stock_encoding_offline_is_a_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setattr(tiktoken.load, "read_file", no_network)
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
     with pytest.raises(ValueError, match="tokenizer 'gpt2': ranks not in .TIKTOKEN_CACHE_DIR") as e:
-        data.stock_tokenizer("gpt2")
+        tokenizer.stock_tokenizer("gpt2")
     assert "\n" not in str(e.value)
 
 
@@ -226,8 +229,8 @@ def test_stock_encoding_keeps_its_specials_and_gets_ours_after_them(monkeypatch)
     ranks = {bytes([i]): i for i in range(256)}
     fake = tiktoken.Encoding("fake", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens={"<|eot|>": 256})
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: fake)
-    enc = data.stock_tokenizer("gpt2")
-    assert enc.encode_single_token("<|eot|>") == 256 and data.special_ids(enc)["pad"] == 257
+    enc = tokenizer.stock_tokenizer("gpt2")
+    assert enc.encode_single_token("<|eot|>") == 256 and tokenizer.special_ids(enc)["pad"] == 257
     assert enc.n_vocab == 320 and enc.encode_ordinary("hi there") == fake.encode_ordinary("hi there")
 
 
@@ -237,8 +240,8 @@ def test_stock_encoding_keeps_its_specials_and_gets_ours_after_them(monkeypatch)
 def test_shard_round_trips_through_memmap(tmp_path, itemsize):
     path = str(tmp_path / "s.bin")
     tokens = np.arange(1000) * (70 if itemsize == 4 else 1)
-    data.write_shard(path, tokens, itemsize)
-    got = data.read_shard(path)
+    write_shard(path, tokens, itemsize)
+    got = read_shard(path)
     assert got.dtype == np.dtype(f"<u{itemsize}") and np.array_equal(got, tokens)
     assert os.path.getsize(path) == 32 + 1000 * itemsize
 
@@ -251,16 +254,16 @@ def test_shard_round_trips_through_memmap(tmp_path, itemsize):
 ])
 def test_damaged_shard_is_a_one_line_error_naming_the_file(tmp_path, damage, message):
     path = tmp_path / "s.bin"
-    data.write_shard(str(path), np.arange(10))
+    write_shard(str(path), np.arange(10))
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(ValueError, match=f"s.bin: {message}"):
-        data.read_shard(str(path))
+        read_shard(str(path))
 
 
 def test_prepared_shards_hold_documents_each_followed_by_sep(prepared):
-    enc = data.load_tokenizer(prepared["tokenizer"])
+    enc = tokenizer.load_tokenizer(prepared["tokenizer"])
     sep = prepared["special_ids"]["sep"]
-    train = np.concatenate([data.read_shard(p) for p in prepared["train"]])
+    train = np.concatenate([read_shard(p) for p in prepared["train"]])
     docs = make_docs(30)
     train_docs = [d for i, d in enumerate(docs) if i % 10 != 0]  # val_fraction 0.1: documents 0, 10, 20 -> val
     expected = [t for d in train_docs for t in enc.encode_ordinary(d) + [sep]]
@@ -271,8 +274,10 @@ def test_prepared_shards_hold_documents_each_followed_by_sep(prepared):
 
 def test_second_prepare_with_same_settings_reuses_the_cache(prepared):
     source, cache = prepared["settings"]["source"][0][0], os.path.dirname(prepared["dir"])
-    again = data.prepare_data(source, cache, vocab_size=320, workers=1, val_fraction=0.1, progress=False)
-    other = data.prepare_data(source, cache, vocab_size=320, workers=1, val_fraction=0.2, progress=False)
+    again = data.prepare_data(source, cache,
+                              {"vocab_size": 320, "workers": 1, "val_fraction": 0.1}, progress=False)
+    other = data.prepare_data(source, cache,
+                              {"vocab_size": 320, "workers": 1, "val_fraction": 0.2}, progress=False)
     assert again["reused"] and again["dir"] == prepared["dir"]
     assert not other["reused"] and other["dir"] != prepared["dir"]
 
@@ -282,24 +287,24 @@ def test_failed_prepare_leaves_no_partial_files(tmp_path):
     write_jsonl(tmp_path / "corpus" / "a.jsonl", make_docs(5))
     (tmp_path / "corpus" / "b.jsonl").write_text('{"text": "fine"}\n{"oops": 1}\n')
     with pytest.raises(ValueError, match="b.jsonl:2"):
-        data.prepare_data(str(tmp_path / "corpus"), str(tmp_path / "cache"), vocab_size=320, workers=1,
-                          progress=False)
+        data.prepare_data(str(tmp_path / "corpus"), str(tmp_path / "cache"),
+                          {"vocab_size": 320, "workers": 1}, progress=False)
     assert os.listdir(tmp_path / "cache") == []
 
 
 def test_empty_corpus_is_an_error(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="empty.jsonl: no documents found"):
-        data.prepare_data(str(tmp_path / "empty.jsonl"), str(tmp_path / "cache"), vocab_size=320, workers=1,
-                          progress=False)
+        data.prepare_data(str(tmp_path / "empty.jsonl"), str(tmp_path / "cache"),
+                          {"vocab_size": 320, "workers": 1}, progress=False)
 
 
 def test_process_pool_writes_the_same_shards_as_one_process(tmp_path):
     src = write_jsonl(tmp_path / "c.jsonl", make_docs(20))
     tok = str(tmp_path / "tok.json")
-    data.save_tokenizer(data.train_tokenizer(make_docs(20), 320), tok)
-    one = data.prepare_data(src, str(tmp_path / "a"), tokenizer=tok, workers=1, progress=False)
-    two = data.prepare_data(src, str(tmp_path / "b"), tokenizer=tok, workers=2, progress=False)
+    tokenizer.save_tokenizer(tokenizer.train_tokenizer(make_docs(20), 320), tok)
+    one = data.prepare_data(src, str(tmp_path / "a"), {"tokenizer": tok, "workers": 1}, progress=False)
+    two = data.prepare_data(src, str(tmp_path / "b"), {"tokenizer": tok, "workers": 2}, progress=False)
     for split in ("train", "val"):
         assert [open(p, "rb").read() for p in one[split]] == [open(p, "rb").read() for p in two[split]]
 
@@ -307,7 +312,7 @@ def test_process_pool_writes_the_same_shards_as_one_process(tmp_path):
 # ---------------------------------------------------------------------------------------------- batches
 
 def test_an_mlm_batch_has_fixed_shapes_and_a_fixed_number_of_masked_positions(tmp_path):
-    loader = data.make_loader(fake_meta(tmp_path, np.arange(5000) % 100), "train", "mlm", seed=0)
+    loader = make_loader(fake_meta(tmp_path, np.arange(5000) % 100), "train", {"seed": 0})
     b = loader.next_batch(4, 128)
     assert b["input_ids"].shape == (4, 128) and b["labels"].shape == (4, 32) == b["label_positions"].shape
     assert all(v.dtype == torch.int64 for v in b.values())
@@ -317,7 +322,7 @@ def test_an_mlm_batch_has_fixed_shapes_and_a_fixed_number_of_masked_positions(tm
 
 def test_mlm_masking_is_80_10_10_and_leaves_other_tokens_alone(tmp_path):
     tokens = np.arange(20000) % 100  # unshuffled stream: the original of window j is known
-    loader = data.make_loader(fake_meta(tmp_path, tokens), "train", "mlm", seed=1, shuffle=False)
+    loader = make_loader(fake_meta(tmp_path, tokens), "train", {"seed": 1, "shuffle": False})
     kinds = np.zeros(3)
     for _ in range(8):
         start = loader.position
@@ -336,7 +341,7 @@ def test_mlm_masking_is_80_10_10_and_leaves_other_tokens_alone(tmp_path):
 
 def test_special_tokens_are_never_masked_and_short_rows_get_ignore_labels(tmp_path):
     tokens = np.array([5, 102] * 500)  # one-token documents: half of every window is [SEP]
-    loader = data.make_loader(fake_meta(tmp_path, tokens), "train", "mlm", seed=0, mask_rate=0.6)
+    loader = make_loader(fake_meta(tmp_path, tokens), "train", {"seed": 0, "mask_rate": 0.6})
     b = loader.next_batch(8, 12)  # k = round(0.6 * 12) = 7, but only 5 of the 10 window tokens are maskable
     assert b["labels"].shape == (8, 7)
     assert ((b["labels"] == 5).sum(1) == 5).all() and ((b["labels"] == -100).sum(1) == 2).all()
@@ -346,15 +351,16 @@ def test_special_tokens_are_never_masked_and_short_rows_get_ignore_labels(tmp_pa
 
 def test_clm_labels_are_the_next_tokens(tmp_path):
     tokens = np.arange(3000) % 97
-    loader = data.make_loader(fake_meta(tmp_path, tokens), "train", "clm", seed=0, shuffle=False)
+    loader = make_loader(fake_meta(tmp_path, tokens), "train",
+                         {"objective": "clm", "seed": 0, "shuffle": False})
     b = loader.next_batch(3, 10)
     assert b["input_ids"].tolist()[1] == list(range(10, 20)) and b["labels"].tolist()[1] == list(range(11, 21))
 
 
 def test_one_shuffled_epoch_reads_every_token_exactly_once(tmp_path):
     tokens = np.arange(64 * 40)
-    loader = data.make_loader(fake_meta(tmp_path, tokens, n_ordinary=5000), "train", "clm", seed=3,
-                              block_tokens=64)
+    loader = make_loader(fake_meta(tmp_path, tokens, n_ordinary=5000), "train",
+                         {"objective": "clm", "seed": 3, "block_tokens": 64})
     seen = np.concatenate([loader.next_batch(4, 64)["input_ids"].flatten().numpy() for _ in range(10)])
     assert sorted(seen.tolist()) == tokens.tolist() and not np.array_equal(seen, tokens)
     assert loader.state_dict()["epoch"] == 1
@@ -362,19 +368,19 @@ def test_one_shuffled_epoch_reads_every_token_exactly_once(tmp_path):
 
 def test_the_same_seed_gives_the_same_batches_and_another_seed_other_batches(tmp_path):
     meta = fake_meta(tmp_path, np.arange(50000) % 100)
-    a, b, c = (data.make_loader(meta, "train", "mlm", seed=s).next_batch(8, 32) for s in (7, 7, 8))
+    a, b, c = (make_loader(meta, "train", {"seed": s}).next_batch(8, 32) for s in (7, 7, 8))
     assert all(torch.equal(a[k], b[k]) for k in a) and not torch.equal(a["input_ids"], c["input_ids"])
 
 
 def test_resumed_loader_reproduces_the_uninterrupted_stream_bitwise(tmp_path):
     meta = fake_meta(tmp_path, np.arange(7000) % 100)  # small: the stream wraps over several epochs
     sizes = [(8, 32), (16, 32), (16, 64), (4, 130), (32, 64)]
-    run = data.make_loader(meta, "train", "mlm", seed=5)
+    run = make_loader(meta, "train", {"seed": 5})
     for B, T in sizes[:2]:
         run.next_batch(B, T)
     state = json.loads(json.dumps(run.state_dict()))  # survives a JSON checkpoint
     later = [run.next_batch(B, T) for B, T in sizes[2:] * 4]
-    resumed = data.make_loader(meta, "train", "mlm", seed=123)
+    resumed = make_loader(meta, "train", {"seed": 123})
     resumed.load_state_dict(state)
     for want, (B, T) in zip(later, sizes[2:] * 4):
         got = resumed.next_batch(B, T)
@@ -384,7 +390,7 @@ def test_resumed_loader_reproduces_the_uninterrupted_stream_bitwise(tmp_path):
 
 def test_prefetching_loader_returns_the_same_stream(tmp_path):
     meta = fake_meta(tmp_path, np.arange(20000) % 100)
-    ahead, plain = (data.make_loader(meta, "train", "mlm", seed=4, prefetch=p) for p in (True, False))
+    ahead, plain = (make_loader(meta, "train", {"seed": 4}, prefetch=p) for p in (True, False))
     for B, T in [(8, 32), (8, 32), (4, 64), (4, 64), (16, 16)]:
         x, y = ahead.next_batch(B, T), plain.next_batch(B, T)
         assert all(torch.equal(x[k], y[k]) for k in x)
@@ -393,8 +399,8 @@ def test_prefetching_loader_returns_the_same_stream(tmp_path):
 
 def test_ranks_draw_disjoint_sequences_that_together_equal_one_rank(tmp_path):
     meta = fake_meta(tmp_path, np.arange(100000) % 100)
-    ranks = [data.make_loader(meta, "train", "mlm", seed=2, rank=r, world_size=2) for r in (0, 1)]
-    single = data.make_loader(meta, "train", "mlm", seed=2)
+    ranks = [make_loader(meta, "train", {"seed": 2, "rank": r, "world_size": 2}) for r in (0, 1)]
+    single = make_loader(meta, "train", {"seed": 2})
     for _ in range(3):
         parts = [loader.next_batch(4, 32) for loader in ranks]
         whole = single.next_batch(8, 32)
@@ -405,22 +411,22 @@ def test_ranks_draw_disjoint_sequences_that_together_equal_one_rank(tmp_path):
 
 
 def test_loader_state_from_other_data_is_rejected(tmp_path):
-    a = data.make_loader(fake_meta(tmp_path, np.arange(1000) % 100), "train", "clm")
+    a = make_loader(fake_meta(tmp_path, np.arange(1000) % 100), "train", {"objective": "clm"})
     (tmp_path / "b").mkdir()
-    b = data.make_loader(fake_meta(tmp_path / "b", np.arange(999) % 100), "train", "clm")
+    b = make_loader(fake_meta(tmp_path / "b", np.arange(999) % 100), "train", {"objective": "clm"})
     with pytest.raises(ValueError, match="1000 tokens, this one has 999"):
         b.load_state_dict(a.state_dict())
 
 
 def test_loader_reads_a_prepared_folder(prepared):
-    loader = data.make_loader(prepared["dir"], "val", "mlm", seed=0)
+    loader = make_loader(prepared["dir"], "val", {"seed": 0})
     b = loader.next_batch(2, 16)
     assert b["input_ids"].shape == (2, 16) and loader.n_tokens == prepared["val_tokens"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_batches_land_on_the_gpu(prepared):
-    b = data.make_loader(prepared, "train", "mlm", device="cuda").next_batch(4, 32)
+    b = make_loader(prepared, "train", device="cuda").next_batch(4, 32)
     assert all(v.is_cuda for v in b.values())
 
 
@@ -442,7 +448,7 @@ def fake_mixture(tmp_path, parts, weights, n_ordinary=100):
     sources = []
     for i, (tokens, weight) in enumerate(zip(parts, weights)):
         path = str(tmp_path / f"s{i}.bin")
-        data.write_shard(path, tokens)
+        write_shard(path, tokens)
         sources.append({"name": f"s{i}", "weight": weight, "train": [path], "val": [path]})
     return {**meta, "sources": sources, "train": [s["train"][0] for s in sources],
             "val": [s["val"][0] for s in sources]}
@@ -483,7 +489,7 @@ def test_an_unknown_source_or_temperature_in_a_mixture_is_a_one_line_error(tmp_p
     with pytest.raises(ValueError, match="data path not found: .*nope"):
         data.prepare_data("sample:0.5,nope:0.5", str(tmp_path), progress=False)
     with pytest.raises(ValueError, match="--mix-temperature must be > 0 \\(got 0.0\\)"):
-        data.prepare_data("a,b", str(tmp_path), mix_temperature=0.0, progress=False)
+        data.prepare_data("a,b", str(tmp_path), {"mix_temperature": 0.0}, progress=False)
     with pytest.raises(ValueError, match="--data fineweb2:French: FineWeb-2 names a language as lang_Script"):
         data.prepare_data("sample:0.5,fineweb2:French:0.5", str(tmp_path), progress=False)
 
@@ -497,19 +503,20 @@ def test_temperature_weights_are_size_to_the_power_one_over_T_normalized():
 
 
 def test_the_block_pattern_gives_every_source_its_share_in_every_stretch_of_the_stream():
-    source, rank, n = data.mixture_pattern([0.6, 0.3, 0.1], period=1000)
+    source, rank, n = mixture_pattern([0.6, 0.3, 0.1], period=1000)
     assert n.tolist() == [600, 300, 100] and np.bincount(source).tolist() == [600, 300, 100]
     counts = np.cumsum(np.eye(3, dtype=int)[source], axis=0)               # blocks of each source so far
     expected = np.arange(1, 1001)[:, None] * np.array([0.6, 0.3, 0.1])
     assert np.abs(counts - expected).max() <= 1.0
     for s in range(3):                                                       # a source's blocks come in order
         assert rank[source == s].tolist() == list(range(n[s]))
-    assert data.mixture_pattern([0.99999, 0.00001], period=1000)[2].tolist() == [999, 1]  # every source gets a block
+    assert mixture_pattern([0.99999, 0.00001], period=1000)[2].tolist() == [999, 1]  # every source gets a block
 
 
 def test_mixture_proportions_hold_within_a_percent_over_many_batches(tmp_path):
     parts = [np.arange(6400) % 50, 50 + np.arange(6400) % 50]          # tokens of s0 are < 50, of s1 >= 50
-    loader = data.make_loader(fake_mixture(tmp_path, parts, [0.7, 0.3]), "train", "clm", seed=0, block_tokens=64)
+    loader = make_loader(fake_mixture(tmp_path, parts, [0.7, 0.3]), "train",
+                         {"objective": "clm", "seed": 0, "block_tokens": 64})
     seen = np.concatenate([loader.next_batch(8, 32)["input_ids"].numpy().ravel() for _ in range(100)])
     assert abs((seen < 50).mean() - 0.7) < 0.01                           # 25,600 tokens, 400 blocks
     drawn = loader.tokens_drawn()
@@ -520,7 +527,7 @@ def test_mixture_proportions_hold_within_a_percent_over_many_batches(tmp_path):
 @pytest.mark.parametrize("overlap", [0, 1], ids=["mlm-back-to-back", "clm-overlapping"])
 def test_a_batch_of_many_blocks_reads_each_position_from_its_own_blocks_source(tmp_path, overlap):
     parts = [np.arange(6400) % 50, 50 + np.arange(6400) % 50]
-    loader = data.make_loader(fake_mixture(tmp_path, parts, [0.7, 0.3]), "train", "mlm", seed=0, block_tokens=64)
+    loader = make_loader(fake_mixture(tmp_path, parts, [0.7, 0.3]), "train", {"seed": 0, "block_tokens": 64})
     starts = 1000 + 30 * np.arange(12)                                      # 12 windows over ~6 blocks
     pos = starts[:, None] + np.arange(30 + overlap)                         # overlap: windows share a token
     one_at_a_time = [loader._read(np.array([[p]]))[0, 0] for p in pos.ravel()]
@@ -529,12 +536,13 @@ def test_a_batch_of_many_blocks_reads_each_position_from_its_own_blocks_source(t
 
 def test_a_small_source_is_repeated_to_its_weight_and_its_epochs_are_reported(tmp_path):
     small, big = 1000 + np.arange(640), np.arange(64000) % 1000           # 10 blocks of 64 against 1,000
-    loader = data.make_loader(fake_mixture(tmp_path, [big, small], [0.5, 0.5], n_ordinary=5000), "train", "clm",
-                              seed=1, block_tokens=64)
+    loader = make_loader(fake_mixture(tmp_path, [big, small], [0.5, 0.5], n_ordinary=5000), "train",
+                         {"objective": "clm", "seed": 1, "block_tokens": 64})
     seen = np.concatenate([loader.next_batch(4, 64)["input_ids"].numpy().ravel() for _ in range(40)])
     from_small = seen[seen >= 1000]
     assert len(from_small) == 5120 and np.array_equal(np.sort(from_small), np.repeat(small, 8))  # 8 whole epochs
-    alone = data.make_loader(fake_meta(tmp_path, small, n_ordinary=5000), "train", "clm", seed=1, block_tokens=64)
+    alone = make_loader(fake_meta(tmp_path, small, n_ordinary=5000), "train",
+                        {"objective": "clm", "seed": 1, "block_tokens": 64})
     stream = np.concatenate([alone.next_batch(4, 64)["input_ids"].numpy().ravel() for _ in range(20)])
     assert np.array_equal(from_small, stream)                  # in the order of the source's own shuffled stream
     assert loader.epochs() == {"s0": 5120 / 64000, "s1": 8.0} == loader.state_dict()["epochs"]
@@ -543,14 +551,14 @@ def test_a_small_source_is_repeated_to_its_weight_and_its_epochs_are_reported(tm
 def test_a_mixture_is_deterministic_and_resumes_bitwise(tmp_path):
     meta = fake_mixture(tmp_path, [np.arange(3000) % 100, np.arange(1100) % 90], [0.6, 0.4])
     sizes = [(8, 32), (16, 32), (4, 64), (8, 130), (16, 48)]
-    run = data.make_loader(meta, "train", "mlm", seed=5, block_tokens=256)
-    again = data.make_loader(meta, "train", "mlm", seed=5, block_tokens=256)
+    run = make_loader(meta, "train", {"seed": 5, "block_tokens": 256})
+    again = make_loader(meta, "train", {"seed": 5, "block_tokens": 256})
     for B, T in sizes[:2]:
         x, y = run.next_batch(B, T), again.next_batch(B, T)
         assert all(torch.equal(x[k], y[k]) for k in x)
     state = json.loads(json.dumps(run.state_dict()))
     later = [run.next_batch(B, T) for B, T in sizes[2:] * 4]
-    resumed = data.make_loader(meta, "train", "mlm", seed=99, block_tokens=256)
+    resumed = make_loader(meta, "train", {"seed": 99, "block_tokens": 256})
     resumed.load_state_dict(state)
     for want, (B, T) in zip(later, sizes[2:] * 4):
         got = resumed.next_batch(B, T)
@@ -560,8 +568,9 @@ def test_a_mixture_is_deterministic_and_resumes_bitwise(tmp_path):
 
 def test_mixture_ranks_draw_disjoint_sequences_that_together_equal_one_process(tmp_path):
     meta = fake_mixture(tmp_path, [np.arange(20000) % 100, np.arange(5000) % 100], [0.5, 0.5])
-    ranks = [data.make_loader(meta, "train", "mlm", seed=2, rank=r, world_size=2, block_tokens=128) for r in (0, 1)]
-    single = data.make_loader(meta, "train", "mlm", seed=2, block_tokens=128)
+    ranks = [make_loader(meta, "train",
+                         {"seed": 2, "rank": r, "world_size": 2, "block_tokens": 128}) for r in (0, 1)]
+    single = make_loader(meta, "train", {"seed": 2, "block_tokens": 128})
     for _ in range(4):
         parts = [loader.next_batch(4, 32) for loader in ranks]
         whole = single.next_batch(8, 32)
@@ -572,11 +581,11 @@ def test_mixture_ranks_draw_disjoint_sequences_that_together_equal_one_process(t
 
 def test_loader_state_of_another_mixture_or_of_one_corpus_is_rejected(tmp_path):
     parts = [np.arange(1000) % 100, np.arange(500) % 100]
-    a = data.make_loader(fake_mixture(tmp_path, parts, [0.5, 0.5]), "train", "clm")
-    b = data.make_loader(fake_mixture(tmp_path, parts, [0.8, 0.2]), "train", "clm")
+    a = make_loader(fake_mixture(tmp_path, parts, [0.5, 0.5]), "train", {"objective": "clm"})
+    b = make_loader(fake_mixture(tmp_path, parts, [0.8, 0.2]), "train", {"objective": "clm"})
     with pytest.raises(ValueError, match="loader state is for s0:0.5 .*, this mixture is s0:0.8"):
         b.load_state_dict(a.state_dict())
-    one = data.make_loader(fake_meta(tmp_path, np.arange(1500) % 100), "train", "clm")
+    one = make_loader(fake_meta(tmp_path, np.arange(1500) % 100), "train", {"objective": "clm"})
     with pytest.raises(ValueError, match="loader state is for a corpus mixture"):
         one.load_state_dict(a.state_dict())
     with pytest.raises(ValueError, match="loader state is for one corpus"):
@@ -589,33 +598,34 @@ def mixed(tmp_path_factory):
     root = tmp_path_factory.mktemp("mix")
     en = write_jsonl(root / "en.jsonl", make_docs(30))
     fr = write_jsonl(root / "fr.jsonl", make_accented_docs(10))
-    meta = data.prepare_data(f"{en}:0.6,{fr}:0.4", str(root / "cache"), vocab_size=320, workers=1, val_fraction=0.1,
-                             progress=False)
+    meta = data.prepare_data(f"{en}:0.6,{fr}:0.4", str(root / "cache"),
+                             {"vocab_size": 320, "workers": 1, "val_fraction": 0.1}, progress=False)
     return meta, en, fr
 
 
 def test_each_source_of_a_mixture_keeps_its_own_val_split_of_whole_documents(mixed):
     meta, _, _ = mixed
-    enc, sep = data.load_tokenizer(meta["tokenizer"]), meta["special_ids"]["sep"]
+    enc, sep = tokenizer.load_tokenizer(meta["tokenizer"]), meta["special_ids"]["sep"]
     assert [(s["name"], s["weight"]) for s in meta["sources"]] == [("en", 0.6), ("fr", 0.4)]
     for s, docs in zip(meta["sources"], (make_docs(30), make_accented_docs(10))):
-        val = np.concatenate([data.read_shard(p) for p in s["val"]]).tolist()
+        val = np.concatenate([read_shard(p) for p in s["val"]]).tolist()
         assert val == [t for d in docs[::10] for t in enc.encode_ordinary(d) + [sep]]  # documents 0, 10, 20
         assert s["val_documents"] == len(docs[::10]) and s["train_documents"] == len(docs) - len(docs[::10])
     assert meta["train_tokens"] == sum(s["train_tokens"] for s in meta["sources"])
     assert meta["report"]["documents_in"] == 40 and os.path.basename(meta["dir"]).startswith("en+fr-")
-    loader = data.make_loader(meta, "val", "mlm", source="fr")
+    loader = make_loader(meta, "val", source="fr")
     assert loader.n_tokens == meta["sources"][1]["val_tokens"]
     with pytest.raises(ValueError, match="no source named 'de' \\(sources: en, fr\\)"):
-        data.make_loader(meta, "val", source="de")
+        make_loader(meta, "val", source="de")
 
 
 def test_a_mixture_is_cached_under_all_its_sources_and_weights(mixed):
     meta, en, fr = mixed
     cache = os.path.dirname(meta["dir"])
-    again = data.prepare_data(f"{en}:3,{fr}:2", cache, vocab_size=320, workers=1, val_fraction=0.1, progress=False)
-    other = data.prepare_data(f"{en}:0.5,{fr}:0.5", cache, vocab_size=320, workers=1, val_fraction=0.1,
-                              progress=False)
+    again = data.prepare_data(f"{en}:3,{fr}:2", cache,
+                              {"vocab_size": 320, "workers": 1, "val_fraction": 0.1}, progress=False)
+    other = data.prepare_data(f"{en}:0.5,{fr}:0.5", cache,
+                              {"vocab_size": 320, "workers": 1, "val_fraction": 0.1}, progress=False)
     assert again["reused"] and again["dir"] == meta["dir"]                 # 3 : 2 is 0.6 : 0.4
     assert not other["reused"] and other["dir"] != meta["dir"]
 
@@ -633,7 +643,7 @@ def test_the_tokenizer_sample_draws_each_source_in_its_proportion_repeating_a_sm
 def test_fertility_is_tokens_per_whitespace_word_for_each_source(tmp_path, capsys):
     """With no merges every token is one byte: 'ab cd ef' is 8 tokens for 3 words, 'été à' 8 for 2."""
     tok = str(tmp_path / "bytes.json")
-    data.save_tokenizer(data.train_tokenizer(["x"], 320), tok)
+    tokenizer.save_tokenizer(tokenizer.train_tokenizer(["x"], 320), tok)
     a = write_jsonl(tmp_path / "a.jsonl", ["ab cd ef"] * 4)
     b = write_jsonl(tmp_path / "b.jsonl", ["été à"] * 4)
     meta = data.main(["--data", f"{a}:0.5,{b}:0.5", "--out", str(tmp_path / "cache"), "--tokenizer", tok,
@@ -648,7 +658,7 @@ def test_fertility_is_tokens_per_whitespace_word_for_each_source(tmp_path, capsy
 
 def test_one_corpus_reports_its_fertility_too(tmp_path, capsys):
     tok = str(tmp_path / "bytes.json")
-    data.save_tokenizer(data.train_tokenizer(["x"], 320), tok)
+    tokenizer.save_tokenizer(tokenizer.train_tokenizer(["x"], 320), tok)
     a = write_jsonl(tmp_path / "a.jsonl", ["ab cd ef"] * 4)
     meta = data.main(["--data", a, "--out", str(tmp_path / "cache"), "--tokenizer", tok, "--no-dedup",
                       "--workers", "1", "--val-fraction", "0.25"])
@@ -703,8 +713,9 @@ def test_fineweb_download_feeds_prepare_data(server, tmp_path):
     root, url, _ = server
     for i in range(2):
         write_parquet(root / f"shard_{i:05d}.parquet", make_docs(10, seed=i))
-    meta = data.prepare_data("fineweb", str(tmp_path / "cache"), vocab_size=320, fineweb_shards=2, fineweb_url=url,
-                             workers=1, progress=False)
+    meta = data.prepare_data("fineweb", str(tmp_path / "cache"),
+                             {"vocab_size": 320, "fineweb_shards": 2, "fineweb_url": url, "workers": 1},
+                             progress=False)
     assert meta["report"]["documents_in"] == 20 and meta["train_tokens"] > 0
     for i in range(2):
         name = f"shard_{i:05d}.parquet"
@@ -754,7 +765,8 @@ def test_offline_download_error_is_one_line_naming_the_alternatives(tmp_path, mo
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(ValueError) as e:
-        data.prepare_data("fineweb", str(tmp_path), fineweb_url=f"http://127.0.0.1:{port}", progress=False)
+        data.prepare_data("fineweb", str(tmp_path),
+                          {"fineweb_url": f"http://127.0.0.1:{port}"}, progress=False)
     msg = str(e.value)
     assert "offline" in msg and "--data sample" in msg and "--data PATH" in msg and "\n" not in msg
     assert not any(f.endswith(".parquet") for f in os.listdir(tmp_path / "fineweb"))
@@ -829,8 +841,9 @@ def test_fineweb2_language_joins_a_mixture_with_its_share_of_the_token_budget(se
     docs = fineweb2_files(root, n_docs=12)
     en = write_jsonl(tmp_path / "en.jsonl", make_docs(20))
     budget = sum(map(len, docs[0][:8])) / data.FINEWEB2_CHARS_PER_TOKEN   # tokens whose half needs 1 row group
-    meta = data.prepare_data(f"{en}:0.5,fineweb2:fra_Latn:0.5", str(tmp_path / "cache"), vocab_size=320,
-                             max_tokens=budget, fineweb2_url=url, workers=1, progress=False)
+    meta = data.prepare_data(f"{en}:0.5,fineweb2:fra_Latn:0.5", str(tmp_path / "cache"),
+                             {"vocab_size": 320, "max_tokens": budget, "fineweb2_url": url, "workers": 1},
+                             progress=False)
     fr = meta["sources"][1]
     assert (fr["name"], fr["source"], fr["weight"]) == ("fra_Latn", "fineweb2:fra_Latn", 0.5)
     assert fr["train_documents"] + fr["val_documents"] == 4                 # one row group of 4 documents

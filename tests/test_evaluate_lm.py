@@ -11,6 +11,7 @@ import torch
 
 import data
 import evaluate_lm
+import tokenizer
 from conftest import SENTENCE, save_checkpoint, seeded_model, tiny
 
 
@@ -23,7 +24,7 @@ def tiny_model(enc, **overrides):
 def memorized(enc):
     """A causal LM that has memorized SENTENCE as a document (after [SEP])."""
     net = tiny_model(enc, objective="clm", positions="rotary").train()
-    doc = [data.special_ids(enc)["sep"]] + enc.encode_ordinary(SENTENCE)
+    doc = [tokenizer.special_ids(enc)["sep"]] + enc.encode_ordinary(SENTENCE)
     ids = torch.tensor(doc).repeat(8, 1)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
     for _ in range(150):
@@ -35,7 +36,7 @@ def memorized(enc):
 
 
 def test_causal_log_likelihood_equals_a_token_by_token_sum(enc):
-    net, specials = tiny_model(enc, objective="clm"), data.special_ids(enc)
+    net, specials = tiny_model(enc, objective="clm"), tokenizer.special_ids(enc)
     ctx, conts = enc.encode_ordinary("the cat"), [enc.encode_ordinary(" sat on"), enc.encode_ordinary(" ran")]
     scores = evaluate_lm.score_causal(net, specials, ctx, conts)
     for (lp, _), c in zip(scores, conts):
@@ -48,7 +49,7 @@ def test_causal_log_likelihood_equals_a_token_by_token_sum(enc):
 
 
 def test_pseudo_log_likelihood_equals_one_masked_pass_per_token(enc):
-    net, sp = tiny_model(enc), data.special_ids(enc)
+    net, sp = tiny_model(enc), tokenizer.special_ids(enc)
     ctx, cont = enc.encode_ordinary("the cat"), enc.encode_ordinary(" sat on the mat")
     (lp, _), = evaluate_lm.score_masked(net, sp, ctx, [cont])
     row, expected = [sp["cls"]] + ctx + cont + [sp["sep"]], 0.0
@@ -123,7 +124,7 @@ def test_built_in_tasks_come_from_held_out_documents_only(tmp_path):
                      f"And a third one about item {i % 5} ends it."} for i in range(200)]
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    meta = data.prepare_data(str(corpus), str(tmp_path / "cache"), 320, progress=False)
+    meta = data.prepare_data(str(corpus), str(tmp_path / "cache"), {"vocab_size": 320}, progress=False)
     held_out = evaluate_lm.held_out_documents(meta["dir"])
     assert len(held_out) == meta["val_documents"] == 10                  # every 20th document
     val_ids = {int(d.split()[1]) for d in held_out}

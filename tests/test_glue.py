@@ -245,8 +245,9 @@ def test_pair_truncation_cuts_the_longer_segment_first():
 
 def test_text_is_cleaned_like_the_pretraining_corpus(tmp_path, checkpoint):
     import data
-    enc = data.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
-    ids = data.special_ids(enc)
+    import tokenizer
+    enc = tokenizer.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
+    ids = tokenizer.special_ids(enc)
     split = {"a": ["The CAT sat"], "b": None}
     with open(tmp_path / "meta.json", "w") as f:  # a prepared-data record saying the corpus was lowercased
         json.dump({"settings": {"clean": {"lowercase": True}}}, f)

@@ -312,9 +312,9 @@ def overfit(cfg, batch, steps=150):
 
 @pytest.fixture(scope="module")
 def mlm(enc):
-    """Masked LM on [CLS] SENTENCE [SEP] (data.Loader's layout), one random word masked per sequence."""
-    import data
-    special = data.special_ids(enc)
+    """Masked LM on [CLS] SENTENCE [SEP] (loader.Loader's layout), one random word masked per sequence."""
+    import tokenizer
+    special = tokenizer.special_ids(enc)
     ids = torch.tensor([special["cls"]] + enc.encode_ordinary(SENTENCE) + [special["sep"]])
     g = torch.Generator().manual_seed(0)
 
@@ -329,8 +329,8 @@ def mlm(enc):
 def clm(enc):
     """Causal LM on a stream of SENTENCE documents, each followed by [SEP], read at random offsets (rotary
     positions, which see the sentence the same at every offset, memorize it fastest)."""
-    import data
-    doc = enc.encode_ordinary(SENTENCE) + [data.special_ids(enc)["sep"]]
+    import tokenizer
+    doc = enc.encode_ordinary(SENTENCE) + [tokenizer.special_ids(enc)["sep"]]
     stream = torch.tensor(doc * 20)
     g = torch.Generator().manual_seed(0)
 
@@ -351,14 +351,14 @@ def test_fill_mask_predicts_the_memorized_word(mlm, enc):
 
 
 def test_fill_mask_never_guesses_a_special_or_padding_id(enc, monkeypatch):
-    import data
+    import tokenizer
     net = seeded_model(tiny(vocab_size=enc.n_vocab + 1))                                # 1 padding row per 64
     bonus = torch.zeros(model.padded_vocab_size(net.config))
-    bonus[data.n_ordinary(enc):] = 100.0                                                # specials + padding first
+    bonus[tokenizer.n_ordinary(enc):] = 100.0                                                # specials + padding first
     scores = net.logits
     monkeypatch.setattr(net, "logits", lambda h: scores(h) + bonus)
     (row,) = model.fill_mask(net, enc, "a [MASK]", top_k=10_000)
-    assert len(row) == data.n_ordinary(enc)                                             # every ordinary token once
+    assert len(row) == tokenizer.n_ordinary(enc)                                             # every ordinary token once
     assert not {t for t, _ in row} & enc.special_tokens_set
     assert abs(sum(p for _, p in row) - 1.0) < 1e-4
 

@@ -129,8 +129,8 @@ def test_end_to_end_run_learns_and_writes_every_output(sample_cache, tmp_path):
                                      "seq_len": 32, "mask_rate": 0.25} and summary["comparable"]["data"].startswith("sample-")
     net = model.load_model(tmp_path / "final")
     assert net.config["n_layers"] == 2 and net.config["vocab_size"] == 512
-    import data
-    enc = data.load_tokenizer(str(tmp_path / "final" / "tokenizer.json"))
+    import tokenizer
+    enc = tokenizer.load_tokenizer(str(tmp_path / "final" / "tokenizer.json"))
     assert enc.decode(enc.encode_ordinary("To be, or not to be")) == "To be, or not to be"
 
 

@@ -1,0 +1,161 @@
+"""tokenizer.py: train, save, load and use the byte-level BPE tokenizer, as a tiktoken.Encoding.
+
+    enc = train_tokenizer(texts, vocab_size=32768)  # rustbpe learns merges from an iterable of str
+    save_tokenizer(enc, "tokenizer.json")           # plain JSON, no pickle
+    enc = load_tokenizer("tokenizer.json")
+    enc = stock_tokenizer("gpt2")                   # or a stock tiktoken encoding plus our specials
+    ids = enc.encode_ordinary("some text")          # never emits a special token
+    sep = special_ids(enc)["sep"]                   # specials go in by id: pad, cls, sep, mask
+
+The vocabulary is laid out as ids 0 .. n_ordinary(enc) - 1 for the 256 bytes and the learned merges
+(a token's id is its merge rank), then [PAD] [CLS] [SEP] [MASK], then [RESERVED_i] ids that pad
+n_vocab up to a multiple of 64. Training needs rustbpe; everything else needs only tiktoken and the
+standard library, so this file can be copied into another project on its own.
+"""
+import base64
+import json
+import os
+
+import tiktoken
+
+# GPT-4's split pattern with numbers grouped by at most 2 digits (nanochat: best at a 32K
+# vocabulary). The pattern cuts text into pieces before BPE runs, so no merge crosses a
+# word/number/punctuation edge.
+SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}"""
+                 r"""| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""")
+SPECIAL_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]"]  # BERT's (Devlin et al. 2019, sec. 3)
+MIN_RESERVED = 4  # spare special ids ("[RESERVED_i]") so later features need no new vocabulary
+# n_vocab is a multiple of this (tensor-core friendly; model.py pads the same way)
+VOCAB_MULTIPLE = 64
+# the JSON file's "format" and "version"
+TOKENIZER_FORMAT, TOKENIZER_VERSION = "growcram-tokenizer", 1
+
+
+def round_up(n, multiple):
+    return -(-n // multiple) * multiple  # -(-a // b) is ceil(a / b) in integer arithmetic
+
+
+# -------------------------------------------------------------------------------------------------
+# Making a tokenizer: train one with rustbpe, or take a stock tiktoken one; both get our specials
+
+def train_tokenizer(texts, vocab_size=32768, pattern=SPLIT_PATTERN):
+    """Byte-level BPE trained by rustbpe on an iterable of str -> tiktoken.Encoding.
+
+    vocab_size is rounded up to a multiple of 64; 256 byte tokens + merges
+    + 8 specials/reserved fill it. A corpus too small for that many merges
+    gives fewer merges and n_vocab = the next multiple of 64."""
+    import rustbpe  # training only; encoding needs tiktoken alone
+    n_special = len(SPECIAL_TOKENS) + MIN_RESERVED
+    if vocab_size < 256 + n_special:
+        raise ValueError(f"vocab_size {vocab_size} is too small: 256 byte tokens + {n_special} "
+                         "specials at least")
+    bpe = rustbpe.Tokenizer()
+    # the merges fill the vocabulary but for the specials, which _with_specials appends after them
+    n_merged = round_up(vocab_size, VOCAB_MULTIPLE) - n_special
+    bpe.train_from_iterator(iter(texts), n_merged, pattern=pattern)
+    # rank == token id == merge priority: tiktoken encodes by applying the lowest-ranked merge first
+    ranks = {bytes(b): rank for b, rank in bpe.get_mergeable_ranks()}
+    return _with_specials("growcram", bpe.get_pattern(), ranks)
+
+
+def stock_tokenizer(name):
+    """A stock tiktoken encoding ('gpt2', 'cl100k_base') plus our specials. Needs its ranks cached
+    in $TIKTOKEN_CACHE_DIR or a network connection; otherwise a one-line ValueError."""
+    try:
+        base = tiktoken.get_encoding(name)
+    except Exception as e:
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        raise ValueError(f"tokenizer '{name}': ranks not in $TIKTOKEN_CACHE_DIR and not "
+                         "downloadable "
+                         f"({type(e).__name__}: {first_line}); "
+                         f"use --tokenizer train or a tokenizer.json path") from None
+    ranks = {b: base.encode_single_token(b) for b in base.token_byte_values()}
+    # the stock specials (gpt2's <|endoftext|>) keep their ids; ours follow the largest id
+    specials = {s: base.encode_single_token(s) for s in base.special_tokens_set}
+    return _with_specials(f"{name}+growcram", base._pat_str, ranks, specials)
+
+
+def _with_specials(name, pattern, ranks, base_specials=None):
+    """tiktoken.Encoding whose specials follow every existing id, reserved ids padding n_vocab to a
+    multiple of 64 (tensor-core friendly embedding and output matrices)."""
+    base_specials = dict(base_specials or {})
+    first = max([len(ranks) - 1, *base_specials.values()]) + 1
+    n_vocab = round_up(first + len(SPECIAL_TOKENS) + MIN_RESERVED, VOCAB_MULTIPLE)
+    # MIN_RESERVED or more, up to the multiple of 64
+    n_reserved = n_vocab - first - len(SPECIAL_TOKENS)
+    names = SPECIAL_TOKENS + [f"[RESERVED_{i}]" for i in range(n_reserved)]
+    specials = {**base_specials, **{s: first + i for i, s in enumerate(names)}}
+    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+
+
+# -------------------------------------------------------------------------------------------------
+# Using it: the special ids, and where the ordinary ids end
+
+def special_ids(enc):
+    """{"pad", "cls", "sep", "mask"} -> token id. Insert specials by
+    id; encode_ordinary never emits them."""
+    return {s.strip("[]").lower(): enc.encode_single_token(s) for s in SPECIAL_TOKENS}
+
+
+def n_ordinary(enc):
+    """Ids below this are ordinary (byte/merge) tokens; ids at or above it are special."""
+    # the masking and the models' output heads rely on it: a random replacement token is drawn below
+    # it
+    return min(enc.encode_single_token(s) for s in enc.special_tokens_set)
+
+
+# -------------------------------------------------------------------------------------------------
+# Saving and loading: plain JSON, so a tokenizer file is readable and never runs code (no pickle)
+
+def save_tokenizer(enc, path):
+    """Plain JSON (no pickle): format/version, name, split pattern,
+    base64 tokens in rank order, specials."""
+    ranks = {b: enc.encode_single_token(b) for b in enc.token_byte_values()}
+    by_rank = sorted(ranks, key=ranks.get)
+    # the file stores tokens in rank order, so the ranks must be exactly 0..n-1 to round-trip
+    if [ranks[b] for b in by_rank] != list(range(len(by_rank))):
+        raise ValueError(f"{path}: cannot save a tokenizer whose ranks are not "
+                         f"0..{len(by_rank) - 1}")
+    specials = sorted(enc.special_tokens_set, key=enc.encode_single_token)
+    doc = {"format": TOKENIZER_FORMAT, "version": TOKENIZER_VERSION, "name": enc.name,
+           "pattern": enc._pat_str, "n_vocab": enc.n_vocab,
+           "special_tokens": {s: enc.encode_single_token(s) for s in specials},
+           # bytes are not JSON: base64
+           "ranks": [base64.b64encode(b).decode("ascii") for b in by_rank]}
+    # written beside path and renamed into place (atomic in one folder): a crash never leaves half a
+    # file
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(doc, indent=1).encode("utf-8"))
+    os.replace(tmp, path)
+
+
+def load_tokenizer(path):
+    """tokenizer.json -> tiktoken.Encoding; a one-line ValueError names the file on any problem."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except FileNotFoundError:
+        raise ValueError(f"tokenizer file not found: {path}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a tokenizer file (invalid JSON: {e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != TOKENIZER_FORMAT:
+        raise ValueError(f"{path}: not a growcram tokenizer file "
+                         f"(format field is not '{TOKENIZER_FORMAT}')")
+    if doc.get("version") != TOKENIZER_VERSION:
+        raise ValueError(f"{path}: tokenizer format version {doc.get('version')}, this data.py "
+                         "reads "
+                         f"version {TOKENIZER_VERSION}; re-create it with `python data.py`")
+    try:
+        # a token's place in the list is its rank, hence its id
+        ranks = {base64.b64decode(t, validate=True): i for i, t in enumerate(doc["ranks"])}
+        specials = {s: int(i) for s, i in doc["special_tokens"].items()}
+        enc = tiktoken.Encoding(doc["name"], pat_str=doc["pattern"], mergeable_ranks=ranks,
+                                special_tokens=specials)
+    except Exception as e:
+        raise ValueError(f"{path}: corrupt tokenizer file ({type(e).__name__}: {e})") from None
+    # the stored n_vocab and the four specials catch a file cut short or edited by hand
+    missing = [s for s in SPECIAL_TOKENS if s not in enc.special_tokens_set]
+    if enc.n_vocab != doc.get("n_vocab") or missing:
+        raise ValueError(f"{path}: corrupt tokenizer file (n_vocab or special tokens do not match)")
+    return enc

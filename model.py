@@ -112,9 +112,6 @@ VOCAB_MULTIPLE = 64
 def validate_config(cfg):
     """Return a complete copy of cfg (defaults filled in); raise ValueError naming the first bad
     key."""
-    # configs saved before the activation type was renamed from "ffn"
-    if isinstance(cfg.get("ffn"), str):
-        cfg = {("activation" if k == "ffn" else k): v for k, v in cfg.items()}
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"unknown config key {unknown[0]!r}; valid keys: {', '.join(DEFAULTS)}")
@@ -753,6 +750,23 @@ def generate(net, enc, prompt, max_new_tokens=20, sampling=None):
         new.append(next_id.item())
         ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
     return enc.decode(new)
+
+
+def sample_line(net, enc, text, objective):
+    """One line of what the model makes of text: the top-3 guesses per [MASK] (mlm) or a greedy
+    continuation (clm). train.py prints it at every evaluation; net is put back in its mode."""
+    was_training = net.training
+    try:
+        if objective == "clm":
+            return f"sample: {text!r} -> {generate(net, enc, text, max_new_tokens=12)!r}"
+        # a guess that is only whitespace is shown quoted, or it would vanish from the line
+        guesses = [", ".join(f"{t.strip() or repr(t)} {p:.2f}" for t, p in g)
+                   for g in fill_mask(net, enc, text, top_k=3)]
+        return "sample: " + " | ".join(f"[MASK] {i + 1}: {g}" for i, g in enumerate(guesses))
+    except ValueError as e:  # e.g. the text is longer than a short-sequence growth stage
+        return f"sample: skipped ({e})"
+    finally:
+        net.train(was_training)
 
 
 # -----------------------------------------------------------------------------

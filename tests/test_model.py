@@ -406,9 +406,3 @@ def test_command_line_errors_are_one_line(tmp_path, mlm, enc):
         model.main([str(tmp_path / "bare"), "a [MASK]"])
     with pytest.raises(SystemExit, match="^error: text 'no mask' has no \\[MASK\\] to fill$"):
         model.main([save_checkpoint(mlm, enc, tmp_path / "final"), "no mask"])
-
-
-def test_a_config_saved_with_the_old_ffn_key_loads_with_activation():
-    old = {**model.make_config("tiny", activation="swiglu")}
-    old["ffn"] = old.pop("activation")          # how config.json looked before the rename
-    assert model.validate_config(old) == model.make_config("tiny", activation="swiglu")

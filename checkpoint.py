@@ -108,9 +108,8 @@ def load_file(path):
 
 
 def load_weights(net, ckpt):
-    """The plain model's weights from a .pt checkpoint: call it before wrapping, so DDP
-    broadcasts the loaded weights. A sharded checkpoint's weights come in restore(), after
-    fully_shard."""
+    """The plain model's weights from a .pt checkpoint: call it before wrapping, so DDP broadcasts
+    the loaded weights. A sharded checkpoint's weights come in restore(), after fully_shard."""
     if "model" in ckpt:
         net.load_state_dict(ckpt["model"])
     return net
@@ -195,16 +194,16 @@ def check_out_is_free(out, force, remove=True):
 
 
 def truncate_log(path, log_bytes):
-    """Resume appends to log.jsonl from the checkpoint on: cut what was logged after it was saved
-    (steps that will run again, at log_bytes, the log's size then), so that no step appears
-    twice."""
+    """Resume appends to log.jsonl from the checkpoint on: cut what was logged after it
+    was saved (steps that will run again, at log_bytes, the log's size then), so that no
+    step appears twice."""
     if os.path.exists(path) and log_bytes is not None:
         with open(path, "r+b") as f:
             f.truncate(min(log_bytes, os.path.getsize(path)))
 
 
 def append_log(path, record):
-    """One JSON line: log.jsonl grows by whole records, and truncate_log can cut it at a record's
-    end."""
+    """One JSON line: log.jsonl grows by whole records, and truncate_log can cut it at
+    a record's end."""
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")

@@ -263,6 +263,19 @@ def check_system_args(parser, args):
         parser.error(f"--out {args.out} is a file; give a folder")
 
 
+CONFIG_FLAGS = {key: "--" + key.replace("_", "-")  # each config key's flag has the key's own name
+                for key in (*planning.SIZE_KEYS, "max_seq_len", "vocab_size", "mask_rate")}
+
+
+def config_error_in_flags(error):
+    """model.validate_config's message in the command line's words: 'n_heads' (5)
+    -> --n-heads (5)."""
+    text = str(error).replace("config key ", "")
+    for key, flag in CONFIG_FLAGS.items():
+        text = text.replace(f"'{key}'", flag)
+    return text
+
+
 def budget_given(args):
     return any(getattr(args, k) is not None for k in BUDGET_KEYS)
 

@@ -28,8 +28,8 @@ import model
 
 def setup_device(choice, shard="ddp"):
     """(device, rank, world size). Under torchrun (RANK and WORLD_SIZE set) this joins the
-    process group: NCCL on GPUs, gloo on CPUs; multi-node works through torchrun's MASTER_ADDR
-    and MASTER_PORT."""
+    process group: NCCL on GPUs, gloo on CPUs; multi-node works through torchrun's
+    MASTER_ADDR and MASTER_PORT."""
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else \
             "mps" if torch.backends.mps.is_available() else "cpu"
@@ -41,16 +41,16 @@ def setup_device(choice, shard="ddp"):
     if choice == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-        # fp32 matmuls outside autocast (the loss, the optimizer's norms) may use TF32 tensor cores,
-        # as cramming's impl config allows: fp32's range at a 10-bit mantissa, several times faster
-        # on Ampere+
+        # fp32 matmuls outside autocast (the loss, the optimizer's norms) may use TF32 tensor
+        # cores, as cramming's impl config allows: fp32's range at a 10-bit mantissa, several times
+        # faster on Ampere+
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     backend = "nccl" if choice == "cuda" else "gloo"
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend=backend)
     elif shard == "fsdp" and not dist.is_initialized():
-        # FSDP needs a process group even in one process: a group of one rank, over an in-memory
-        # store
+        # FSDP needs a process group even in one process: a group of one rank, over
+        # an in-memory store
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     return device, rank, world
 
@@ -75,12 +75,12 @@ def autocast_dtype(choice, device):
 # Wrapping: activation checkpointing and FSDP (in place), then torch.compile, then DDP
 
 def wrap(net, args, device, world):
-    """The model as the loop runs it; model.unwrap finds the plain model again (under FSDP that
-    is the module itself). args: train.py's settings (checkpoint_activations, shard, dtype,
-    compile)."""
-    # Checkpointing rewrites each block's forward and FSDP shards the blocks, both in place;
-    # torch.compile then traces the result, and DDP goes outermost, as nanoGPT does:
-    # DDP(torch.compile(model))
+    """The model as the loop runs it; model.unwrap finds the plain model again (under
+    FSDP that is the module itself). args: train.py's settings (checkpoint_activations,
+    shard, dtype, compile)."""
+    # Checkpointing rewrites each block's forward and FSDP shards the blocks, both
+    # in place; torch.compile then traces the result, and DDP goes outermost, as
+    # nanoGPT does: DDP(torch.compile(model))
     if args.checkpoint_activations:
         checkpoint_activations(net)
     if args.shard == "fsdp":
@@ -116,8 +116,8 @@ def checkpoint_activations(net):
     recomputes its activations there (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
     Cost"): less memory for about one more forward pass of compute."""
     # A wrapped forward, not a wrapper module: parameter names stay the same for checkpoints and
-    # growth, FSDP's hooks stay outside the recomputed region (as in torchtitan), and torch.compile
-    # traces it
+    # growth, FSDP's hooks stay outside the recomputed region (as in torchtitan), and
+    # torch.compile traces it
     for block in net.blocks:
         block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward,
                                           use_reentrant=False)
@@ -133,23 +133,22 @@ def is_sharded(net):
 # What ranks say to each other during a step
 
 def gradient_sync(net, last):
-    """The context of one micro-batch's backward: gradients are reduced across ranks on the
-    step's last micro-batch only (fewer collectives; the unsharded gradients wait in memory until
-    then)."""
+    """The context of one micro-batch's backward: gradients are reduced across ranks on the step's
+    last micro-batch only (fewer collectives; the unsharded gradients wait in memory until then)."""
     plain = model.unwrap(net)
     if hasattr(plain, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter on the last only
         plain.set_requires_gradient_sync(last)
         return nullcontext()
-    # DDP: no_sync() skips the all-reduce (nanoGPT toggles the flag by hand; the context says the
-    # same)
+    # DDP: no_sync() skips the all-reduce (nanoGPT toggles the flag by hand; the context
+    # says the same)
     return net.no_sync() if isinstance(net, DDP) and not last else nullcontext()
 
 
 def agree_on_clock(elapsed, signals, device, world):
     """(elapsed, stopped) the same on every rank: the slowest clock and any rank's stop signal
-    count for all, or ranks would stop, grow or cut a step apart and wait for each other forever.
-    One all-reduce, and none on one process (cramming's communicate_flags does the same once per
-    step)."""
+    count for all, or ranks would stop, grow or cut a step apart and wait for each other
+    forever. One all-reduce, and none on one process (cramming's communicate_flags does the same
+    once per step)."""
     stop = float(bool(signals))
     if world > 1:
         flags = torch.tensor([elapsed, stop], dtype=torch.float64, device=device)
@@ -175,8 +174,8 @@ def mean_over_ranks(value, world):
 
 
 def clip_gradients(net, max_norm):
-    """Clip the global L2 norm of the gradients; returns the norm before clipping (None when
-    off)."""
+    """Clip the global L2 norm of the gradients; returns the norm before clipping
+    (None when off)."""
     if max_norm <= 0:
         return None
     norm = torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
@@ -188,9 +187,9 @@ def clip_gradients(net, max_norm):
 # Memory: what each rank holds
 
 def memory_per_rank(cfg, world, shard):
-    """Bytes of training state on each rank, in fp32: parameters 4 per parameter, gradients 4,
-    AdamW's two moments 8. Activations come on top, and under FSDP the all-gathered block being
-    computed."""
+    """Bytes of training state on each rank, in fp32: parameters 4 per parameter, gradients
+    4, AdamW's two moments 8. Activations come on top, and under FSDP the all-gathered
+    block being computed."""
     # DDP replicates all of it on every rank; FSDP shards it (ZeRO stage 3, Rajbhandari et al.
     # 2020), so each rank holds 1/world, plus padding of at most one dim-0 row per tensor
     n, share = model.count_params(cfg), world if shard == "fsdp" else 1
@@ -199,18 +198,24 @@ def memory_per_rank(cfg, world, shard):
     return {**per_rank, "total": sum(per_rank.values())}
 
 
-def memory_text(memory):
-    """'0.5 MB + 0.5 MB + 0.9 MB = 1.8 MB': parameters + gradients + AdamW moments, of
-    memory_per_rank."""
-    def text(n):
+def memory_text(cfg, world, shard, recompute=False):
+    """The start-up line: the training state per rank under DDP and under FSDP, e.g. '... DDP 0.5 MB
+    + 0.5 MB + 0.9 MB = 1.8 MB; FSDP over 2 rank(s) ...; this run: ddp'."""
+    def size(n):
         return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
-    parts = " + ".join(text(memory[k]) for k in ("params", "grads", "adam"))
-    return f"{parts} = {text(memory['total'])}"
+
+    def text(memory):  # parameters + gradients + AdamW moments = total
+        parts = " + ".join(size(memory[k]) for k in ("params", "grads", "adam"))
+        return f"{parts} = {size(memory['total'])}"
+    ddp, fsdp = (memory_per_rank(cfg, world, mode) for mode in ("ddp", "fsdp"))
+    recomputed = ", activations checkpointed" if recompute else ""
+    return (f"memory per rank for fp32 parameters + gradients + AdamW moments: DDP {text(ddp)}; "
+            f"FSDP over {world} rank(s) {text(fsdp)}; this run: {shard}{recomputed}")
 
 
 def shard_bytes(net):
-    """FSDP: bytes of parameters this rank holds, its slice of every tensor (what memory_per_rank
-    predicts)."""
+    """FSDP: bytes of parameters this rank holds, its slice of every tensor
+    (what memory_per_rank predicts)."""
     plain = model.unwrap(net)
     plain.reshard()  # a forward in eval mode (the step-0 evaluation) leaves the root all-gathered
     return sum(p.to_local().numel() * p.to_local().element_size() for p in plain.parameters())

@@ -191,9 +191,9 @@ def learning_rate(args, state, p):
 def accumulation_steps(p, target, ramp=0.6):
     """Micro-batches per optimizer step: from 1 up to target, linearly over the first `ramp` of the
     budget (cramming's batch_size_ramp 0.6 in train/bert-o4.yaml)."""
-    # Early steps are small and many, when the loss falls fastest. The ramp goes through the number
-    # of micro-batches, so every forward keeps one static shape (no recompilation under
-    # torch.compile)
+    # Early steps are small and many, when the loss falls fastest. The ramp goes through
+    # the number of micro-batches, so every forward keeps one static shape (no
+    # recompilation under torch.compile)
     if ramp <= 0 or p >= ramp:
         return target
     return max(1, min(target, int(p / ramp * target) + 1))
@@ -296,8 +296,8 @@ def checkpoint_due(args, state, last_ckpt):
 
 @dataclass
 class RunState:
-    """Everything the loop changes. A checkpoint saves it; a resumed run continues from these
-    values."""
+    """Everything the loop changes. A checkpoint saves it; a resumed run continues
+    from these values."""
     step: int = 0                 # optimizer steps taken
     tokens: int = 0               # training tokens fed, all ranks
     flops: float = 0.0            # training FLOPs spent (model.flops_per_token of each stage)
@@ -320,9 +320,9 @@ class RunState:
 
 @dataclass
 class Run:
-    """What the loop reads: the settings, the hardware, the data, the growth stages, the files
-    and the clock. start_run makes it once; after that only the clock runs and evaluate fills
-    held_out."""
+    """What the loop reads: the settings, the hardware, the data, the growth stages, the
+    files and the clock. start_run makes it once; after that only the clock runs and
+    evaluate fills held_out."""
     args: argparse.Namespace      # the flags with the defaults planning.py chose
     device: torch.device
     dtype: torch.dtype            # autocast dtype: bf16 on a GPU that has it, fp32 elsewhere
@@ -355,18 +355,18 @@ class Run:
 
 
 def resolve_settings(args, device, rank, world):
-    """(the settings, the checkpoint to resume or None): the flags with the defaults chosen for
-    this machine and budget, checked before any work (shape, growth schedule, masking at every
-    length)."""
+    """(the settings, the checkpoint to resume or None): the flags with the defaults chosen
+    for this machine and budget, checked before any work (shape, growth schedule, masking
+    at every length)."""
     try:
         chosen, why = planning.choose_defaults(args, planning.sustained_flops(device), world,
                                                device.type == "cuda")
     except ValueError as e:  # a shape that makes no valid model, e.g. an odd head size with rotary
-        raise SystemExit(f"error: {config_error_in_flags(e)}") from None
+        raise SystemExit(f"error: {flags.config_error_in_flags(e)}") from None
     if args.grow == "auto":  # shorthand: compound's stages, grown when the loss says so
         chosen.update(grow="compound", grow_when="auto")
-    # a new Namespace: the parsed flags stay as given; args.json saves these, so --resume reuses
-    # them
+    # a new Namespace: the parsed flags stay as given; args.json saves these, so
+    # --resume reuses them
     args = argparse.Namespace(**{**vars(args), **chosen})
     if why and rank == 0:
         print(f"defaults: {why} (flags given on the command line always win)")
@@ -383,22 +383,9 @@ def resolve_settings(args, device, rank, world):
     return args, ckpt
 
 
-CONFIG_FLAGS = {key: "--" + key.replace("_", "-")  # each config key's flag has the key's own name
-                for key in (*planning.SIZE_KEYS, "max_seq_len", "vocab_size", "mask_rate")}
-
-
-def config_error_in_flags(error):
-    """model.validate_config's message in the command line's words: 'n_heads' (5) -> --n-heads
-    (5)."""
-    text = str(error).replace("config key ", "")
-    for key, flag in CONFIG_FLAGS.items():
-        text = text.replace(f"'{key}'", flag)
-    return text
-
-
 def growth_stages(args, cfg):
-    """grow.parse_schedule of --grow toward cfg ([] without growth), as a one-line error if
-    invalid."""
+    """grow.parse_schedule of --grow toward cfg ([] without growth), as a one-line
+    error if invalid."""
     try:
         return grow.parse_schedule(args.grow, cfg) if args.grow else []
     except ValueError as e:
@@ -429,8 +416,8 @@ def start_run(args, ckpt, ranks, budget_was):
 
 
 def prepare_interruptible(args, device, rank, world):
-    """prepare() where SIGTERM exits at once with one line: data.py's temporary folder is
-    removed."""
+    """prepare() where SIGTERM exits at once with one line: data.py's temporary
+    folder is removed."""
     message = ("error: stopped by a signal during data preparation; nothing was written (the cache "
                "keeps only finished entries)")
     with data.exit_cleanly_on_sigterm(args.cache, message):
@@ -467,8 +454,8 @@ def prepare(args, device, rank, world):
 
 
 def build(run, ckpt):
-    """(net, optimizer, loader, state): fresh from the seed (at the first growth stage), or as
-    saved."""
+    """(net, optimizer, loader, state): fresh from the seed (at the first growth stage),
+    or as saved."""
     args = run.args
     torch.manual_seed(args.seed)  # the same weights on every rank: FSDP keeps each rank's slice
     first = ckpt["config"] if ckpt else run.stages[0]["config"] if run.stages else run.cfg
@@ -546,15 +533,10 @@ def describe_run(run, net):
         tokens = run.budget.seconds * run.peak * planning.scaling.PLANNING_MFU / flops_tok
         run.say(f"the budget should buy ~{tokens / 1e9:.2f} B tokens at "
                 f"{planning.scaling.PLANNING_MFU:.0%} MFU (peak {run.peak / 1e12:.0f} TFLOP/s)")
-    ddp, fsdp = (parallel.memory_per_rank(now, run.world, shard) for shard in ("ddp", "fsdp"))
-    recompute = ", activations checkpointed" if args.checkpoint_activations else ""
-    run.say(f"memory per rank for fp32 parameters + gradients + AdamW moments: DDP "
-            f"{parallel.memory_text(ddp)}; FSDP over {run.world} rank(s) "
-            f"{parallel.memory_text(fsdp)}; this run: {args.shard}{recompute}")
+    run.say(parallel.memory_text(now, run.world, args.shard, args.checkpoint_activations))
     if args.shard == "fsdp":  # a collective: every rank reports what it holds
         run.say(f"parameter bytes held by each rank after fully_shard: "
                 f"{parallel.bytes_per_rank(net, run.world)}")
-
 
 # -----------------------------------------------------------------------------
 # Growth: when the next stage is due, and growing to it
@@ -584,8 +566,8 @@ def grow_now(run, state, trained, p, why):
     (net, optimizer), args = trained, run.args
     state.stage += 1
     # The loss just before and after shows what the operator cost: a function-preserving one
-    # (Net2Net, bert2BERT) changes it by float noise only, while a sequence-length step also changes
-    # the task
+    # (Net2Net, bert2BERT) changes it by float noise only, while a sequence-length step also
+    # changes the task
     loss_before = evaluate(run, net)["val_loss"]
     plain, optimizer, event = grow.apply_stage(
         model.unwrap(net), optimizer, run.stages[state.stage],
@@ -611,8 +593,8 @@ def grow_now(run, state, trained, p, why):
 def evaluate(run, net):
     """{"val_loss": the mean held-out loss} over the same --eval-batches batches every time, at
     the model's sequence length, averaged over ranks. A corpus mixture evaluates each source's
-    own val split; val_loss is then their mean weighted by the mixture, and "val_loss_by_source"
-    has each."""
+    own val split; val_loss is then their mean weighted by the mixture, and
+    "val_loss_by_source" has each."""
     plain, args = model.unwrap(net), run.args
     T = plain.config["max_seq_len"]
     names = [s["name"] for s in run.meta.get("sources", [])] or [None]  # None: the one corpus
@@ -667,38 +649,19 @@ SAMPLE_TEXT = {"mlm": "To be, or not to [MASK], that is the question. I [MASK] y
 
 
 def samples(run, net):
-    """show_samples' line on rank 0, '' on the others. Under FSDP every rank runs the forward
-    passes, with the root's tensors all-gathered for the whole call (generate calls the model
-    piece by piece)."""
-    plain = model.unwrap(net)
-    if run.args.shard != "fsdp":
-        return show_samples(plain, run.enc, run.args) if run.rank == 0 else ""
+    """model.sample_line for --sample-text on rank 0, '' on the others. Under FSDP every rank runs
+    the forward passes, with the root's tensors all-gathered for the whole call."""
+    plain, args = model.unwrap(net), run.args
+    text = args.sample_text or SAMPLE_TEXT[args.objective]
+    text = text.lower() if args.lowercase else text  # as the corpus was cleaned
+    if args.shard != "fsdp":
+        return model.sample_line(plain, run.enc, text, args.objective) if run.rank == 0 else ""
     plain.unshard()
     try:
-        text = show_samples(plain, run.enc, run.args)
+        line = model.sample_line(plain, run.enc, text, args.objective)
     finally:
         plain.reshard()
-    return text if run.rank == 0 else ""
-
-
-def show_samples(net, enc, args):
-    """What the model makes of a fixed text: top-3 guesses per [MASK] (mlm) or a greedy
-    continuation (clm). Watching ' be' climb to the top is the quickest sign a run learns more
-    than word counts."""
-    text = args.sample_text or SAMPLE_TEXT[args.objective]
-    text = text.lower() if args.lowercase else text
-    was_training = net.training
-    try:
-        if args.objective == "clm":
-            return f"sample: {text!r} -> {model.generate(net, enc, text, max_new_tokens=12)!r}"
-        guesses = model.fill_mask(net, enc, text, top_k=3)
-        return "sample: " + " | ".join(
-            f"[MASK] {i + 1}: " + ", ".join(f"{t.strip() or repr(t)} {p:.2f}" for t, p in g)
-            for i, g in enumerate(guesses))
-    except ValueError as e:  # e.g. the text is longer than a short-sequence growth stage
-        return f"sample: skipped ({e})"
-    finally:
-        net.train(was_training)
+    return line if run.rank == 0 else ""
 
 
 # -----------------------------------------------------------------------------
@@ -732,9 +695,9 @@ class Speed:
 
 
 def log_step(run, state, speed, bar, step):
-    """A 'train' record in log.jsonl and the progress bar's text. step: the step's progress,
-    loss, lr, batch_tokens and grad_norm (a tensor: read here, so only logged steps wait for the
-    device)."""
+    """A 'train' record in log.jsonl and the progress bar's text. step: the step's
+    progress, loss, lr, batch_tokens and grad_norm (a tensor: read here, so only logged
+    steps wait for the device)."""
     tok_s, flop_s = speed.since_last_log(state)
     grad_norm = step["grad_norm"].item() if step["grad_norm"] is not None else None
     record = {"kind": "train", "step": state.step, "tokens": state.tokens,
@@ -750,8 +713,8 @@ def log_step(run, state, speed, bar, step):
 
 
 def save_checkpoint(run, state, net, optimizer, loader):
-    """Save the run with rank 0's state. Every rank calls it: under FSDP every rank writes its
-    shards."""
+    """Save the run with rank 0's state. Every rank calls it: under FSDP every rank
+    writes its shards."""
     state.elapsed = run.budget.elapsed()
     if run.rank == 0:  # resume cuts log.jsonl back to this size
         state.log_bytes = os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0
@@ -759,17 +722,17 @@ def save_checkpoint(run, state, net, optimizer, loader):
 
 
 def save_final(run, net):
-    """OUT/final: model.py's folder with the tokenizer and the data's meta.json beside the
-    weights."""
+    """OUT/final: model.py's folder with the tokenizer and the data's meta.json
+    beside the weights."""
     files = {"tokenizer.json": run.meta["tokenizer"],
              "meta.json": os.path.join(run.meta["dir"], "meta.json")}
     return checkpoint.save_final(os.path.join(run.args.out, "final"), net, run.rank, files)
 
 
 def finish(run, state, net, optimizer, loader, status):
-    """Preempted: save and say how to resume. Diverged: the last good checkpoint goes to final/,
-    exit 1. Otherwise the final evaluation, checkpoint, final/, loss.png and summary.json (also
-    printed)."""
+    """Preempted: save and say how to resume. Diverged: the last good checkpoint goes to
+    final/, exit 1. Otherwise the final evaluation, checkpoint, final/, loss.png and
+    summary.json (also printed)."""
     args, state.elapsed = run.args, run.budget.elapsed()
     if status == "preempted":
         save_checkpoint(run, state, net, optimizer, loader)
@@ -820,8 +783,8 @@ def run_summary(run, state, status, val, cfg):
             "flops_per_token": model.flops_per_token(cfg), "skipped_steps": state.skipped_steps,
             "world_size": run.world, "device": str(run.device),
             "dtype": str(run.dtype).replace("torch.", ""), "out": args.out,
-            # what the held-out loss depends on besides N and D: scaling.py fits only runs that
-            # agree
+            # what the held-out loss depends on besides N and D: scaling.py fits only
+            # runs that agree
             "comparable": {"data": os.path.basename(run.meta["dir"]),
                            "vocab_size": cfg["vocab_size"], "objective": args.objective,
                            "seq_len": cfg["max_seq_len"],
@@ -829,8 +792,8 @@ def run_summary(run, state, status, val, cfg):
 
 
 def summary_text(summary):
-    """The printed summary: 'key: value' lines, floats to 4 significant digits (the JSON keeps
-    all)."""
+    """The printed summary: 'key: value' lines, floats to 4 significant digits (the
+    JSON keeps all)."""
     def shown(v):
         if isinstance(v, dict):
             return "{" + ", ".join(f"{k}: {shown(x)}" for k, x in v.items()) + "}"

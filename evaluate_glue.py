@@ -25,10 +25,8 @@ import io
 import json
 import math
 import os
-import shutil
 import sys
 import time
-import zipfile
 
 import numpy as np
 import torch
@@ -360,110 +358,6 @@ def glue_score(numbers, include_wnli=False):
     return score, convention
 
 # -----------------------------------------------------------------------------
-# Download: the classic GLUE zips, MRPC assembled from SentEval's files, the AX diagnostic set.
-
-GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/"
-MRPC_URL = "https://dl.fbaipublicfiles.com/senteval/senteval_data/"
-# Spelled out per task on purpose: the widely copied download script swaps the QQP and STS-B
-# addresses.
-ZIPS = {"CoLA": "CoLA.zip", "SST-2": "SST-2.zip", "STS-B": "STS-B.zip", "QQP": "QQP-clean.zip",
-        "MNLI": "MNLI.zip", "QNLI": "QNLIv2.zip", "RTE": "RTE.zip", "WNLI": "WNLI.zip"}
-MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
-
-
-def fetch(url, dest, retries=3, retry_wait_s=2.0):
-    """download.py's downloader (retries with backoff, resume, size check, atomic rename, progress
-    bar); a failure stops the run with one line."""
-    try:
-        return download.download_file(url, dest, hint="set --download-url to a reachable mirror",
-                                      network={"retries": retries, "backoff_s": retry_wait_s})
-    except ValueError as e:
-        raise SystemExit(f"download failed: {e}") from None
-
-
-def extract_task_zip(zip_path, glue_dir, task):
-    """Unzip into a scratch folder, then move the task folder into place in one rename."""
-    scratch = os.path.join(glue_dir, f".extract_{task}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    with zipfile.ZipFile(zip_path) as z:
-        for member in z.namelist():  # refuse paths that would land outside the scratch folder
-            if os.path.isabs(member) or ".." in member.split("/"):
-                raise ValueError(f"{zip_path}: unsafe path {member!r} in zip")
-        z.extractall(scratch)
-    tops = [d for d in os.listdir(scratch) if os.path.isdir(os.path.join(scratch,
-                                                                         d)) and d != "__MACOSX"]
-    top = task if task in tops else (tops[0] if len(tops) == 1 else None)
-    if top is None:
-        raise ValueError(f"{zip_path}: expected one folder named {task} in the zip, found {tops}")
-    os.replace(os.path.join(scratch, top), os.path.join(glue_dir, task))
-    shutil.rmtree(scratch, ignore_errors=True)
-
-
-def write_text(path, text):
-    model.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
-
-
-def build_mrpc(folder):
-    """train.tsv/dev.tsv/test.tsv from SentEval's MSR paraphrase files and the list of dev (#1 ID,
-    #2 ID) pairs."""
-    with open(os.path.join(folder, "mrpc_dev_ids.tsv"), encoding="utf-8-sig") as f:
-        dev_ids = {tuple(line.strip().split("\t")) for line in f if line.strip()}
-    # train.tsv is written last: its presence is what marks a task folder as complete
-    parts = {"dev": [MRPC_HEADER], "test": ["index\t#1 ID\t#2 ID\t#1 String\t#2 String\n"],
-             "train": [MRPC_HEADER]}
-    for name in ("train", "test"):
-        src = os.path.join(folder, f"msr_paraphrase_{name}.txt")
-        with open(src, encoding="utf-8-sig") as f:
-            next(f)  # header
-            for i, line in enumerate(f):
-                fields = line.rstrip("\r\n").split("\t")
-                if len(fields) != 5:
-                    raise ValueError(f"{src}: line {i + 2} has {len(fields)} fields, expected 5")
-                label, id1, id2, s1, s2 = fields
-                if name == "test":
-                    parts["test"].append(f"{i}\t{id1}\t{id2}\t{s1}\t{s2}\n")
-                else:
-                    parts["dev" if (id1,
-                                    id2) in dev_ids else "train"].append(line.rstrip("\r\n") + "\n")
-    for name, lines in parts.items():
-        write_text(os.path.join(folder, f"{name}.tsv"), "".join(lines))
-
-
-def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries=3,
-                  retry_wait_s=2.0):
-    """Fetch every task in `tasks` that is not already in glue_dir (plus AX when MNLI is asked
-    for)."""
-    os.makedirs(glue_dir, exist_ok=True)
-    base_url, mrpc_url = base_url.rstrip("/") + "/", mrpc_url.rstrip("/") + "/"
-    # noqa: E731
-    get = lambda url, dest: fetch(url, dest, retries=retries, retry_wait_s=retry_wait_s)
-    for task in tasks:
-        if os.path.isfile(os.path.join(glue_dir, task, "train.tsv")):
-            print(f"{task}: already in {glue_dir}, not downloaded again")
-            continue
-        if task == "MRPC":
-            folder = os.path.join(glue_dir, "MRPC")
-            os.makedirs(folder, exist_ok=True)
-            for f in ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt"):
-                get(mrpc_url + f, os.path.join(folder, f))
-            get(base_url + "mrpc_dev_ids.tsv", os.path.join(folder, "mrpc_dev_ids.tsv"))
-            build_mrpc(folder)
-        else:
-            # never delete a user's folder to make room
-            if os.path.isdir(os.path.join(glue_dir, task)):
-                raise ValueError(f"{os.path.join(glue_dir, task)}: exists without train.tsv; "
-                                 "remove it and retry")
-            zip_path = get(base_url + ZIPS[task], os.path.join(glue_dir, ZIPS[task]))
-            extract_task_zip(zip_path, glue_dir, task)
-            os.remove(zip_path)
-        print(f"{task}: downloaded to {os.path.join(glue_dir, task)}")
-    ax = os.path.join(glue_dir, "diagnostic", "diagnostic.tsv")
-    if "MNLI" in tasks and not os.path.isfile(ax):
-        os.makedirs(os.path.dirname(ax), exist_ok=True)
-        get(base_url + "AX.tsv", ax)
-        print(f"AX: downloaded to {ax}")
-
-# -----------------------------------------------------------------------------
 # Inputs: [CLS] a [SEP] b [SEP], tokenized once per task, padded per batch
 
 
@@ -590,6 +484,10 @@ def finetune(trunk, spec, examples, settings, seed, desc=""):
     return net
 
 
+def write_text(path, text):
+    model.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
+
+
 def write_submission(path, index, preds, classes):
     """The leaderboard format: header `index<TAB>prediction`, labels as the task's strings, STS-B in
     [0, 5]."""
@@ -679,7 +577,7 @@ def run_task(name, spec, task_data, net_io, settings):
 # evaluate()'s settings: cramming's GLUE-sane protocol (Geiping & Goldstein 2023), whose
 # hyperparameters are set once for all tasks; pass a dict with the keys to change
 DEFAULTS = {
-    "glue_dir": "glue_data",       # folder with CoLA/, SST-2/, ... (download_glue fills it)
+    "glue_dir": "glue_data",       # folder with CoLA/, SST-2/, ... (download.py fills it)
     "seeds": 5,                    # fine-tuning runs per task, median reported: small sets are noisy
     "out": None,                   # folder for results.json, results.md, submission/*.tsv
     "epochs": 5,                   # cramming's rule: at most 5 epochs of fine-tuning
@@ -891,10 +789,10 @@ def make_parser():
     # Download
     p.add_argument("--download", action="store_true", help="fetch the missing task folders into "
                                                            "--glue-dir first")
-    p.add_argument("--download-url", default=GLUE_URL, help="base URL of the GLUE zips, AX.tsv and "
-                                                            "mrpc_dev_ids.tsv")
-    p.add_argument("--mrpc-url", default=MRPC_URL, help="base URL of SentEval's "
-                                                        "msr_paraphrase_{train,test}.txt")
+    p.add_argument("--download-url", default=download.GLUE_URL,
+                   help="base URL of the GLUE zips, AX.tsv and mrpc_dev_ids.tsv")
+    p.add_argument("--mrpc-url", default=download.MRPC_URL,
+                   help="base URL of SentEval's msr_paraphrase_{train,test}.txt")
     p.add_argument("--retries", type=int, default=3, help="download attempts per file")
     # Output
     p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and "
@@ -912,7 +810,9 @@ def main(argv=None):
         {"lowercase": bool(args.lowercase), "strip_accents": bool(args.strip_accents)}
     try:
         if args.download:
-            download_glue(args.glue_dir, check_tasks(tasks or TASKS), args.download_url, args.mrpc_url, args.retries)
+            # download.py fetches: resumed, retried, each task folder renamed into place whole
+            download.download_glue(args.glue_dir, check_tasks(tasks or TASKS), args.download_url,
+                                   args.mrpc_url, args.retries)
             if not args.checkpoint:
                 return None
         if not args.checkpoint:

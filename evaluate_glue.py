@@ -114,6 +114,7 @@ def read_tsv(path, names=None):
     """
     if not os.path.isfile(path):
         raise ValueError(f"{path}: file not found")
+    # bytes first, so that a bad byte is reported with its line number, not a bare decode error
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -122,6 +123,7 @@ def read_tsv(path, names=None):
         line = raw[:e.start].count(b"\n") + 1
         raise ValueError(f"{path}, line {line}: invalid UTF-8 (byte "
                          f"0x{raw[e.start]:02x})") from None
+    # no GLUE file uses quoting: a quote mark is text (a quoted phrase), never a field delimiter
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
     header = list(names) if names else next(reader, None)
     if not header:
@@ -172,6 +174,7 @@ def parse_labels(raw, classes, path):
     for x, line in raw:
         try:
             value = float(x) if classes is None else lookup[x]
+            # a NaN or infinite target would silently poison the regression loss (STS-B)
             if not math.isfinite(value):
                 raise ValueError
             out.append(value)
@@ -194,6 +197,8 @@ def load_task(name, glue_dir, spec=None):
             "dev": {k: parse_split(spec, os.path.join(folder, f), True) for k,
                     f in spec["dev"].items()},
             "test": {}, "missing_test": []}
+    # a missing test file costs only its submission file: the dev score needs none, so it is
+    # recorded and reported rather than an error
     for sub, f in spec["test"].items():
         path = os.path.normpath(os.path.join(folder, f))
         if os.path.isfile(path):
@@ -225,6 +230,7 @@ def load_task_file(path, dev_path=None, task_type="auto"):
             task_type = "regression" if any(v != int(v) for v in values) else "classification"
         except ValueError:
             task_type = "classification"
+    # sorted: a label gets the same class id on every run, whatever the order of the rows
     classes = sorted(set(raw)) if task_type == "classification" else None
     if classes is not None and len(classes) < 2:
         raise ValueError(f"{path}: a classification task needs at least 2 labels, found {classes}")
@@ -347,6 +353,7 @@ def glue_score(numbers, include_wnli=False):
     used = [k for k in full if k in numbers]
     if not used:
         return None, "no GLUE task was evaluated"
+    # unweighted (cramming's 9-number mean): a small task such as RTE counts as much as MNLI-m
     score = float(np.mean([numbers[k] for k in used]))
     wnli = "WNLI accuracy included" if include_wnli else "WNLI excluded"
     convention = (f"cramming convention: mean of {len(full)} numbers, MNLI-m and -mm separate, "

@@ -36,12 +36,10 @@ import collections
 import contextlib
 import gzip
 import hashlib
-import itertools
 import json
 import math
 import multiprocessing
 import os
-import re
 import shutil
 import signal
 import sys
@@ -50,7 +48,11 @@ import unicodedata
 import numpy as np
 from tqdm import tqdm
 
-from download import HTTPStatusError, RemoteFile, download_file  # resumable, retried HTTP downloads
+# what is downloaded from where (FineWeb-Edu, FineWeb-2) and how: resumed, retried, whole or not
+# at all
+from download import (FINEWEB2_CHARS_PER_TOKEN, FINEWEB2_DEFAULT_CHARS, FINEWEB2_LANG,
+                      FINEWEB2_URL, FINEWEB_URL, download_fineweb, download_fineweb2,
+                      shards_for_tokens)
 from loader import SHARD_HEADER, close_shard, load_meta  # the shard format and meta.json's reader
 from model import atomic_write  # tmp file, then os.replace: the project's one helper for it
 from tokenizer import (VOCAB_MULTIPLE, load_tokenizer, n_ordinary, round_up, save_tokenizer,
@@ -58,15 +60,6 @@ from tokenizer import (VOCAB_MULTIPLE, load_tokenizer, n_ordinary, round_up, sav
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE_CORPUS = os.path.join(HERE, "corpora", "shakespeare.jsonl.gz")  # bundled: runs offline
-FINEWEB_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
-# ~250 M characters per shard at ~4.5 characters per token (32K BPE)
-FINEWEB_TOKENS_PER_SHARD = 55e6
-FINEWEB2_URL = "https://huggingface.co/datasets/HuggingFaceFW/fineweb-2/resolve/main"
-# ISO 639-3 language _ ISO 15924 script: fra_Latn
-FINEWEB2_LANG = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
-# characters fetched per budgeted token: generous, languages compress unlike
-FINEWEB2_CHARS_PER_TOKEN = 5.0
-FINEWEB2_DEFAULT_CHARS = 250e6  # without a token budget: about one FineWeb-Edu shard's worth
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 # a .txt file is cut at blank lines into documents of about this many characters
 TXT_DOC_CHARS = 65536
@@ -390,71 +383,6 @@ def iter_documents(path):
                     lines, n = [], 0
             if lines:
                 yield "".join(lines)
-
-
-def shards_for_tokens(n_tokens):
-    """How many FineWeb-Edu shards (~55 M tokens each) hold n_tokens training tokens."""
-    return max(1, math.ceil(n_tokens / FINEWEB_TOKENS_PER_SHARD))
-
-
-OFFLINE_HINT = "use --data sample (bundled corpus) or --data PATH (local .txt/.jsonl/.parquet)"
-
-
-def download_fineweb(n_shards, out_dir, base_url=FINEWEB_URL, **kwargs):
-    """Fetch FineWeb-Edu shards shard_00000.parquet ... (first
-    n_shards) into out_dir; returns their paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    return [download_file(f"{base_url.rstrip('/')}/shard_{i:05d}.parquet",
-                          os.path.join(out_dir, f"shard_{i:05d}.parquet"),
-                          **{"hint": OFFLINE_HINT, **kwargs})
-            for i in range(n_shards)]
-
-
-def download_fineweb2(lang, out_dir, max_chars, base_url=FINEWEB2_URL, progress=True, **kwargs):
-    """FineWeb-2 text of one language (lang_Script, e.g. fra_Latn) until it holds max_chars
-    characters: the row groups of data/<lang>/train/000_00000.parquet, then 000_00001.parquet, ...
-    (until one is missing). The files are GBs, so each row group's text column is fetched alone by
-    Range requests (RemoteFile) and saved as a small parquet file, out_dir/000_00000-00003.parquet
-    for row group 3, written atomically with its character count in the schema metadata. An
-    interrupted download resumes at the next row group; a larger budget adds files."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    os.makedirs(out_dir, exist_ok=True)
-    hint = (f"is {lang} a FineWeb-2 language (data/{lang}/ on the dataset's page)? "
-            f"Else {OFFLINE_HINT}")
-    paths, chars = [], 0
-    with tqdm(total=int(max_chars), unit="char", unit_scale=True, desc=f"fineweb2 {lang}",
-              disable=not progress) as bar:
-        for i in itertools.count():
-            url, remote = f"{base_url.rstrip('/')}/data/{lang}/train/000_{i:05d}.parquet", None
-            for group in itertools.count():
-                path = os.path.join(out_dir, f"000_{i:05d}-{group:05d}.parquet")
-                if not os.path.exists(path):
-                    if remote is None:  # the footer, fetched only when a row group is missing here
-                        try:
-                            remote = pq.ParquetFile(RemoteFile(url, hint=hint, **kwargs))
-                        except HTTPStatusError as e:
-                            # the language has no more files: use what we have
-                            if e.status == 404 and paths:
-                                return paths
-                            raise
-                        if "text" not in remote.schema_arrow.names:
-                            names = ", ".join(remote.schema_arrow.names)
-                            raise ValueError(f"{url}: no 'text' column (columns: {names})")
-                    if group >= remote.num_row_groups:
-                        break
-                    rows = remote.read_row_group(group, columns=["text"]).column(0).to_pylist()
-                    texts = [t or "" for t in rows]
-                    # the character count rides in the schema: reading it back costs no text
-                    chars_meta = {"chars": str(sum(map(len, texts)))}
-                    table = pa.table({"text": texts}).replace_schema_metadata(chars_meta)
-                    atomic_write(path, lambda f: pq.write_table(table, f))
-                n = int(pq.read_schema(path).metadata[b"chars"])
-                paths.append(path)
-                chars += n
-                bar.update(n)
-                if chars >= max_chars:
-                    return paths
 
 
 # -------------------------------------------------------------------------------------------------

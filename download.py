@@ -1,8 +1,12 @@
-"""download.py: fetch public files over HTTP so that a flaky network or a kill never leaves a half
-file.
+"""download.py: what growcram downloads, from where, and how: public files over HTTP, so that a
+flaky network or a kill never leaves a half file.
 
-data.py fetches its corpora with it (FineWeb-Edu shards, FineWeb-2 row groups) and evaluate_glue.py
-the GLUE tasks. Every download:
+What and from where (the addresses are the public ones; tests serve the same names on 127.0.0.1):
+- FineWeb-Edu shards (download_fineweb, sized by shards_for_tokens) and FineWeb-2 row groups
+  (download_fineweb2), the corpora data.py prepares;
+- the GLUE tasks (download_glue: the classic zips, MRPC built from SentEval's files, AX), which
+  evaluate_glue.py fine-tunes on.
+How: every download
 - resumes: a file grows in DEST.partial and a new try asks for the rest with an HTTP Range request;
 - retries network errors, 5xx answers and short reads with exponential backoff; a 4xx answer fails
   at once;
@@ -14,12 +18,21 @@ group).
 """
 import http.client
 import io
+import itertools
+import math
 import os
+import re
+import shutil
 import time
 import urllib.error
 import urllib.request
+import zipfile
 
 from tqdm import tqdm
+
+# tmp file, then os.replace: the project's one helper for it (model.py imports no project module,
+# so this makes no import cycle)
+from model import atomic_write
 
 # first retry wait of a failed download (seconds), doubling per retry: exponential backoff spreads
 # the retries of many clients apart instead of hammering a server that is already struggling
@@ -169,3 +182,186 @@ def retrying(url, attempt, network, hint):
     reason = getattr(error, "reason", error)
     raise ValueError(f"cannot download {url} after {network['retries']} tries ({reason}); "
                      f"offline? {hint}")
+
+
+# -------------------------------------------------------------------------------------------------
+# FineWeb-Edu and FineWeb-2: the corpora data.py prepares (--data fineweb, --data fineweb2:LANG)
+
+FINEWEB_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
+# a shard holds about 250 M characters, 55-60 M tokens at ~4.3 characters per token (English BPE,
+# 32K vocabulary): the low end, so a token budget never gets too few shards
+FINEWEB_TOKENS_PER_SHARD = 55e6
+FINEWEB2_URL = "https://huggingface.co/datasets/HuggingFaceFW/fineweb-2/resolve/main"
+# ISO 639-3 language _ ISO 15924 script: fra_Latn
+FINEWEB2_LANG = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
+# characters fetched per budgeted token: generous, languages compress unlike
+FINEWEB2_CHARS_PER_TOKEN = 5.0
+FINEWEB2_DEFAULT_CHARS = 250e6  # without a token budget: about one FineWeb-Edu shard's worth
+
+
+def shards_for_tokens(n_tokens):
+    """How many FineWeb-Edu shards (~55 M tokens each) hold n_tokens training tokens."""
+    return max(1, math.ceil(n_tokens / FINEWEB_TOKENS_PER_SHARD))
+
+
+OFFLINE_HINT = "use --data sample (bundled corpus) or --data PATH (local .txt/.jsonl/.parquet)"
+
+
+def download_fineweb(n_shards, out_dir, base_url=FINEWEB_URL, **kwargs):
+    """Fetch FineWeb-Edu shards shard_00000.parquet ... (first
+    n_shards) into out_dir; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    return [download_file(f"{base_url.rstrip('/')}/shard_{i:05d}.parquet",
+                          os.path.join(out_dir, f"shard_{i:05d}.parquet"),
+                          **{"hint": OFFLINE_HINT, **kwargs})
+            for i in range(n_shards)]
+
+
+def download_fineweb2(lang, out_dir, max_chars, base_url=FINEWEB2_URL, progress=True, **kwargs):
+    """FineWeb-2 text of one language (lang_Script, e.g. fra_Latn) until it holds max_chars
+    characters: the row groups of data/<lang>/train/000_00000.parquet, then 000_00001.parquet, ...
+    (until one is missing). The files are GBs, so each row group's text column is fetched alone by
+    Range requests (RemoteFile) and saved as a small parquet file, out_dir/000_00000-00003.parquet
+    for row group 3, written atomically with its character count in the schema metadata. An
+    interrupted download resumes at the next row group; a larger budget adds files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    os.makedirs(out_dir, exist_ok=True)
+    hint = (f"is {lang} a FineWeb-2 language (data/{lang}/ on the dataset's page)? "
+            f"Else {OFFLINE_HINT}")
+    paths, chars = [], 0
+    with tqdm(total=int(max_chars), unit="char", unit_scale=True, desc=f"fineweb2 {lang}",
+              disable=not progress) as bar:
+        for i in itertools.count():
+            url, remote = f"{base_url.rstrip('/')}/data/{lang}/train/000_{i:05d}.parquet", None
+            for group in itertools.count():
+                path = os.path.join(out_dir, f"000_{i:05d}-{group:05d}.parquet")
+                if not os.path.exists(path):
+                    if remote is None:  # the footer, fetched only when a row group is missing here
+                        try:
+                            remote = pq.ParquetFile(RemoteFile(url, hint=hint, **kwargs))
+                        except HTTPStatusError as e:
+                            # the language has no more files: use what we have
+                            if e.status == 404 and paths:
+                                return paths
+                            raise
+                        if "text" not in remote.schema_arrow.names:
+                            names = ", ".join(remote.schema_arrow.names)
+                            raise ValueError(f"{url}: no 'text' column (columns: {names})")
+                    if group >= remote.num_row_groups:
+                        break
+                    rows = remote.read_row_group(group, columns=["text"]).column(0).to_pylist()
+                    texts = [t or "" for t in rows]
+                    # the character count rides in the schema: reading it back costs no text
+                    chars_meta = {"chars": str(sum(map(len, texts)))}
+                    table = pa.table({"text": texts}).replace_schema_metadata(chars_meta)
+                    atomic_write(path, lambda f: pq.write_table(table, f))
+                n = int(pq.read_schema(path).metadata[b"chars"])
+                paths.append(path)
+                chars += n
+                bar.update(n)
+                if chars >= max_chars:
+                    return paths
+
+
+# -------------------------------------------------------------------------------------------------
+# GLUE: the classic GLUE zips, MRPC assembled from SentEval's files, the AX diagnostic set
+# (evaluate_glue.py --download)
+
+GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/"
+MRPC_URL = "https://dl.fbaipublicfiles.com/senteval/senteval_data/"
+# Spelled out per task on purpose: the widely copied download script swaps the QQP and STS-B
+# addresses.
+ZIPS = {"CoLA": "CoLA.zip", "SST-2": "SST-2.zip", "STS-B": "STS-B.zip", "QQP": "QQP-clean.zip",
+        "MNLI": "MNLI.zip", "QNLI": "QNLIv2.zip", "RTE": "RTE.zip", "WNLI": "WNLI.zip"}
+MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+
+
+def fetch(url, dest, retries=3, retry_wait_s=2.0):
+    """download_file for GLUE (retries with backoff, resume, size check, atomic rename, progress
+    bar); a failure stops the run with one line."""
+    try:
+        return download_file(url, dest, hint="set --download-url to a reachable mirror",
+                             network={"retries": retries, "backoff_s": retry_wait_s})
+    except ValueError as e:
+        raise SystemExit(f"download failed: {e}") from None
+
+
+def extract_task_zip(zip_path, glue_dir, task):
+    """Unzip into a scratch folder, then move the task folder into place in one rename."""
+    scratch = os.path.join(glue_dir, f".extract_{task}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    with zipfile.ZipFile(zip_path) as z:
+        for member in z.namelist():  # refuse paths that would land outside the scratch folder
+            if os.path.isabs(member) or ".." in member.split("/"):
+                raise ValueError(f"{zip_path}: unsafe path {member!r} in zip")
+        z.extractall(scratch)
+    tops = [d for d in os.listdir(scratch) if os.path.isdir(os.path.join(scratch,
+                                                                         d)) and d != "__MACOSX"]
+    top = task if task in tops else (tops[0] if len(tops) == 1 else None)
+    if top is None:
+        raise ValueError(f"{zip_path}: expected one folder named {task} in the zip, found {tops}")
+    os.replace(os.path.join(scratch, top), os.path.join(glue_dir, task))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def build_mrpc(folder):
+    """train.tsv/dev.tsv/test.tsv from SentEval's MSR paraphrase files and the list of dev (#1 ID,
+    #2 ID) pairs."""
+    with open(os.path.join(folder, "mrpc_dev_ids.tsv"), encoding="utf-8-sig") as f:
+        dev_ids = {tuple(line.strip().split("\t")) for line in f if line.strip()}
+    # train.tsv is written last: its presence is what marks a task folder as complete
+    parts = {"dev": [MRPC_HEADER], "test": ["index\t#1 ID\t#2 ID\t#1 String\t#2 String\n"],
+             "train": [MRPC_HEADER]}
+    for name in ("train", "test"):
+        src = os.path.join(folder, f"msr_paraphrase_{name}.txt")
+        with open(src, encoding="utf-8-sig") as f:
+            next(f)  # header
+            for i, line in enumerate(f):
+                fields = line.rstrip("\r\n").split("\t")
+                if len(fields) != 5:
+                    raise ValueError(f"{src}: line {i + 2} has {len(fields)} fields, expected 5")
+                label, id1, id2, s1, s2 = fields
+                if name == "test":
+                    parts["test"].append(f"{i}\t{id1}\t{id2}\t{s1}\t{s2}\n")
+                else:
+                    parts["dev" if (id1,
+                                    id2) in dev_ids else "train"].append(line.rstrip("\r\n") + "\n")
+    for name, lines in parts.items():
+        text = "".join(lines)
+        atomic_write(os.path.join(folder, f"{name}.tsv"), lambda f: f.write(text.encode("utf-8")))
+
+
+def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries=3,
+                  retry_wait_s=2.0):
+    """Fetch every task in `tasks` that is not already in glue_dir (plus AX when MNLI is asked
+    for)."""
+    os.makedirs(glue_dir, exist_ok=True)
+    base_url, mrpc_url = base_url.rstrip("/") + "/", mrpc_url.rstrip("/") + "/"
+    # noqa: E731
+    get = lambda url, dest: fetch(url, dest, retries=retries, retry_wait_s=retry_wait_s)
+    for task in tasks:
+        if os.path.isfile(os.path.join(glue_dir, task, "train.tsv")):
+            print(f"{task}: already in {glue_dir}, not downloaded again")
+            continue
+        if task == "MRPC":
+            folder = os.path.join(glue_dir, "MRPC")
+            os.makedirs(folder, exist_ok=True)
+            for f in ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt"):
+                get(mrpc_url + f, os.path.join(folder, f))
+            get(base_url + "mrpc_dev_ids.tsv", os.path.join(folder, "mrpc_dev_ids.tsv"))
+            build_mrpc(folder)
+        else:
+            # never delete a user's folder to make room
+            if os.path.isdir(os.path.join(glue_dir, task)):
+                raise ValueError(f"{os.path.join(glue_dir, task)}: exists without train.tsv; "
+                                 "remove it and retry")
+            zip_path = get(base_url + ZIPS[task], os.path.join(glue_dir, ZIPS[task]))
+            extract_task_zip(zip_path, glue_dir, task)
+            os.remove(zip_path)
+        print(f"{task}: downloaded to {os.path.join(glue_dir, task)}")
+    ax = os.path.join(glue_dir, "diagnostic", "diagnostic.tsv")
+    if "MNLI" in tasks and not os.path.isfile(ax):
+        os.makedirs(os.path.dirname(ax), exist_ok=True)
+        get(base_url + "AX.tsv", ax)
+        print(f"AX: downloaded to {ax}")

@@ -25,10 +25,8 @@ import io
 import json
 import math
 import os
-import shutil
 import sys
 import time
-import zipfile
 
 import numpy as np
 import torch
@@ -116,6 +114,7 @@ def read_tsv(path, names=None):
     """
     if not os.path.isfile(path):
         raise ValueError(f"{path}: file not found")
+    # bytes first, so that a bad byte is reported with its line number, not a bare decode error
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -124,6 +123,7 @@ def read_tsv(path, names=None):
         line = raw[:e.start].count(b"\n") + 1
         raise ValueError(f"{path}, line {line}: invalid UTF-8 (byte "
                          f"0x{raw[e.start]:02x})") from None
+    # no GLUE file uses quoting: a quote mark is text (a quoted phrase), never a field delimiter
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
     header = list(names) if names else next(reader, None)
     if not header:
@@ -174,6 +174,7 @@ def parse_labels(raw, classes, path):
     for x, line in raw:
         try:
             value = float(x) if classes is None else lookup[x]
+            # a NaN or infinite target would silently poison the regression loss (STS-B)
             if not math.isfinite(value):
                 raise ValueError
             out.append(value)
@@ -196,6 +197,8 @@ def load_task(name, glue_dir, spec=None):
             "dev": {k: parse_split(spec, os.path.join(folder, f), True) for k,
                     f in spec["dev"].items()},
             "test": {}, "missing_test": []}
+    # a missing test file costs only its submission file: the dev score needs none, so it is
+    # recorded and reported rather than an error
     for sub, f in spec["test"].items():
         path = os.path.normpath(os.path.join(folder, f))
         if os.path.isfile(path):
@@ -227,6 +230,7 @@ def load_task_file(path, dev_path=None, task_type="auto"):
             task_type = "regression" if any(v != int(v) for v in values) else "classification"
         except ValueError:
             task_type = "classification"
+    # sorted: a label gets the same class id on every run, whatever the order of the rows
     classes = sorted(set(raw)) if task_type == "classification" else None
     if classes is not None and len(classes) < 2:
         raise ValueError(f"{path}: a classification task needs at least 2 labels, found {classes}")
@@ -349,6 +353,7 @@ def glue_score(numbers, include_wnli=False):
     used = [k for k in full if k in numbers]
     if not used:
         return None, "no GLUE task was evaluated"
+    # unweighted (cramming's 9-number mean): a small task such as RTE counts as much as MNLI-m
     score = float(np.mean([numbers[k] for k in used]))
     wnli = "WNLI accuracy included" if include_wnli else "WNLI excluded"
     convention = (f"cramming convention: mean of {len(full)} numbers, MNLI-m and -mm separate, "
@@ -358,110 +363,6 @@ def glue_score(numbers, include_wnli=False):
         missing = [k for k in full if k not in numbers]
         convention += f"; PARTIAL: {len(used)} of {len(full)} numbers, missing {', '.join(missing)}"
     return score, convention
-
-# -----------------------------------------------------------------------------
-# Download: the classic GLUE zips, MRPC assembled from SentEval's files, the AX diagnostic set.
-
-GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/"
-MRPC_URL = "https://dl.fbaipublicfiles.com/senteval/senteval_data/"
-# Spelled out per task on purpose: the widely copied download script swaps the QQP and STS-B
-# addresses.
-ZIPS = {"CoLA": "CoLA.zip", "SST-2": "SST-2.zip", "STS-B": "STS-B.zip", "QQP": "QQP-clean.zip",
-        "MNLI": "MNLI.zip", "QNLI": "QNLIv2.zip", "RTE": "RTE.zip", "WNLI": "WNLI.zip"}
-MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
-
-
-def fetch(url, dest, retries=3, retry_wait_s=2.0):
-    """download.py's downloader (retries with backoff, resume, size check, atomic rename, progress
-    bar); a failure stops the run with one line."""
-    try:
-        return download.download_file(url, dest, hint="set --download-url to a reachable mirror",
-                                      network={"retries": retries, "backoff_s": retry_wait_s})
-    except ValueError as e:
-        raise SystemExit(f"download failed: {e}") from None
-
-
-def extract_task_zip(zip_path, glue_dir, task):
-    """Unzip into a scratch folder, then move the task folder into place in one rename."""
-    scratch = os.path.join(glue_dir, f".extract_{task}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    with zipfile.ZipFile(zip_path) as z:
-        for member in z.namelist():  # refuse paths that would land outside the scratch folder
-            if os.path.isabs(member) or ".." in member.split("/"):
-                raise ValueError(f"{zip_path}: unsafe path {member!r} in zip")
-        z.extractall(scratch)
-    tops = [d for d in os.listdir(scratch) if os.path.isdir(os.path.join(scratch,
-                                                                         d)) and d != "__MACOSX"]
-    top = task if task in tops else (tops[0] if len(tops) == 1 else None)
-    if top is None:
-        raise ValueError(f"{zip_path}: expected one folder named {task} in the zip, found {tops}")
-    os.replace(os.path.join(scratch, top), os.path.join(glue_dir, task))
-    shutil.rmtree(scratch, ignore_errors=True)
-
-
-def write_text(path, text):
-    model.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
-
-
-def build_mrpc(folder):
-    """train.tsv/dev.tsv/test.tsv from SentEval's MSR paraphrase files and the list of dev (#1 ID,
-    #2 ID) pairs."""
-    with open(os.path.join(folder, "mrpc_dev_ids.tsv"), encoding="utf-8-sig") as f:
-        dev_ids = {tuple(line.strip().split("\t")) for line in f if line.strip()}
-    # train.tsv is written last: its presence is what marks a task folder as complete
-    parts = {"dev": [MRPC_HEADER], "test": ["index\t#1 ID\t#2 ID\t#1 String\t#2 String\n"],
-             "train": [MRPC_HEADER]}
-    for name in ("train", "test"):
-        src = os.path.join(folder, f"msr_paraphrase_{name}.txt")
-        with open(src, encoding="utf-8-sig") as f:
-            next(f)  # header
-            for i, line in enumerate(f):
-                fields = line.rstrip("\r\n").split("\t")
-                if len(fields) != 5:
-                    raise ValueError(f"{src}: line {i + 2} has {len(fields)} fields, expected 5")
-                label, id1, id2, s1, s2 = fields
-                if name == "test":
-                    parts["test"].append(f"{i}\t{id1}\t{id2}\t{s1}\t{s2}\n")
-                else:
-                    parts["dev" if (id1,
-                                    id2) in dev_ids else "train"].append(line.rstrip("\r\n") + "\n")
-    for name, lines in parts.items():
-        write_text(os.path.join(folder, f"{name}.tsv"), "".join(lines))
-
-
-def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries=3,
-                  retry_wait_s=2.0):
-    """Fetch every task in `tasks` that is not already in glue_dir (plus AX when MNLI is asked
-    for)."""
-    os.makedirs(glue_dir, exist_ok=True)
-    base_url, mrpc_url = base_url.rstrip("/") + "/", mrpc_url.rstrip("/") + "/"
-    # noqa: E731
-    get = lambda url, dest: fetch(url, dest, retries=retries, retry_wait_s=retry_wait_s)
-    for task in tasks:
-        if os.path.isfile(os.path.join(glue_dir, task, "train.tsv")):
-            print(f"{task}: already in {glue_dir}, not downloaded again")
-            continue
-        if task == "MRPC":
-            folder = os.path.join(glue_dir, "MRPC")
-            os.makedirs(folder, exist_ok=True)
-            for f in ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt"):
-                get(mrpc_url + f, os.path.join(folder, f))
-            get(base_url + "mrpc_dev_ids.tsv", os.path.join(folder, "mrpc_dev_ids.tsv"))
-            build_mrpc(folder)
-        else:
-            # never delete a user's folder to make room
-            if os.path.isdir(os.path.join(glue_dir, task)):
-                raise ValueError(f"{os.path.join(glue_dir, task)}: exists without train.tsv; "
-                                 "remove it and retry")
-            zip_path = get(base_url + ZIPS[task], os.path.join(glue_dir, ZIPS[task]))
-            extract_task_zip(zip_path, glue_dir, task)
-            os.remove(zip_path)
-        print(f"{task}: downloaded to {os.path.join(glue_dir, task)}")
-    ax = os.path.join(glue_dir, "diagnostic", "diagnostic.tsv")
-    if "MNLI" in tasks and not os.path.isfile(ax):
-        os.makedirs(os.path.dirname(ax), exist_ok=True)
-        get(base_url + "AX.tsv", ax)
-        print(f"AX: downloaded to {ax}")
 
 # -----------------------------------------------------------------------------
 # Inputs: [CLS] a [SEP] b [SEP], tokenized once per task, padded per batch
@@ -590,6 +491,10 @@ def finetune(trunk, spec, examples, settings, seed, desc=""):
     return net
 
 
+def write_text(path, text):
+    model.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
+
+
 def write_submission(path, index, preds, classes):
     """The leaderboard format: header `index<TAB>prediction`, labels as the task's strings, STS-B in
     [0, 5]."""
@@ -679,7 +584,7 @@ def run_task(name, spec, task_data, net_io, settings):
 # evaluate()'s settings: cramming's GLUE-sane protocol (Geiping & Goldstein 2023), whose
 # hyperparameters are set once for all tasks; pass a dict with the keys to change
 DEFAULTS = {
-    "glue_dir": "glue_data",       # folder with CoLA/, SST-2/, ... (download_glue fills it)
+    "glue_dir": "glue_data",       # folder with CoLA/, SST-2/, ... (download.py fills it)
     "seeds": 5,                    # fine-tuning runs per task, median reported: small sets are noisy
     "out": None,                   # folder for results.json, results.md, submission/*.tsv
     "epochs": 5,                   # cramming's rule: at most 5 epochs of fine-tuning
@@ -891,10 +796,10 @@ def make_parser():
     # Download
     p.add_argument("--download", action="store_true", help="fetch the missing task folders into "
                                                            "--glue-dir first")
-    p.add_argument("--download-url", default=GLUE_URL, help="base URL of the GLUE zips, AX.tsv and "
-                                                            "mrpc_dev_ids.tsv")
-    p.add_argument("--mrpc-url", default=MRPC_URL, help="base URL of SentEval's "
-                                                        "msr_paraphrase_{train,test}.txt")
+    p.add_argument("--download-url", default=download.GLUE_URL,
+                   help="base URL of the GLUE zips, AX.tsv and mrpc_dev_ids.tsv")
+    p.add_argument("--mrpc-url", default=download.MRPC_URL,
+                   help="base URL of SentEval's msr_paraphrase_{train,test}.txt")
     p.add_argument("--retries", type=int, default=3, help="download attempts per file")
     # Output
     p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and "
@@ -912,7 +817,9 @@ def main(argv=None):
         {"lowercase": bool(args.lowercase), "strip_accents": bool(args.strip_accents)}
     try:
         if args.download:
-            download_glue(args.glue_dir, check_tasks(tasks or TASKS), args.download_url, args.mrpc_url, args.retries)
+            # download.py fetches: resumed, retried, each task folder renamed into place whole
+            download.download_glue(args.glue_dir, check_tasks(tasks or TASKS), args.download_url,
+                                   args.mrpc_url, args.retries)
             if not args.checkpoint:
                 return None
         if not args.checkpoint:

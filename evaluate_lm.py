@@ -310,6 +310,8 @@ def harness_model_class():
         def loglikelihood_rolling(self, requests, disable_tqdm=False):
             out = []
             for r in tqdm(requests, disable=disable_tqdm, desc="loglikelihood_rolling"):
+                # windows of T - 2 tokens (room for [CLS]/[SEP]), each scored after the text before
+                # it: a document longer than the model still gets one total log-likelihood
                 ids, step = self.enc.encode_ordinary(r.args[0]), self.net.config["max_seq_len"] - 2
                 out.append(sum(self.score(self.net, self.specials, ids[:i], [ids[i:i + step]])[0][0]
                                for i in range(0, len(ids), step)))
@@ -324,6 +326,7 @@ def harness_model_class():
                 context, kwargs = r.args
                 until = kwargs.get("until", []) if isinstance(kwargs, dict) else []
                 text = model.generate(self.net, self.enc, context, kwargs.get("max_gen_toks", 32))
+                # cut at the earliest stop string: what follows it is not part of the answer
                 cuts = [text.find(u) for u in until if u and u in text]
                 out.append(text[:min(cuts)] if cuts else text)
             return out

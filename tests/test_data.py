@@ -773,7 +773,7 @@ def test_offline_download_error_is_one_line_naming_the_alternatives(tmp_path, mo
 
 
 def test_fineweb_shard_count_follows_the_token_budget():
-    assert data.shards_for_tokens(1e6) == 1 and data.shards_for_tokens(5.5e9) == 100
+    assert download.shards_for_tokens(1e6) == 1 and download.shards_for_tokens(5.5e9) == 100
 
 
 def fineweb2_files(root, n_docs=400, lang="fra_Latn"):
@@ -794,7 +794,7 @@ def test_fineweb2_fetches_only_the_row_groups_its_budget_needs_by_range_requests
     root, url, handler = server
     docs = fineweb2_files(root)
     out = str(tmp_path / "fra_Latn")
-    paths = data.download_fineweb2("fra_Latn", out, sum(map(len, docs[0][:4])) + 1, url, progress=False)
+    paths = download.download_fineweb2("fra_Latn", out, sum(map(len, docs[0][:4])) + 1, url, progress=False)
     assert [os.path.basename(p) for p in paths] == ["000_00000-00000.parquet", "000_00000-00001.parquet"]
     assert [d for p in paths for d in data.iter_documents(p)] == docs[0][:8]
     ranges = [tuple(map(int, r[6:].split("-"))) for _, r in handler.log]   # every request was a Range request
@@ -807,14 +807,14 @@ def test_fineweb2_download_resumes_at_the_next_row_group_and_stops_when_the_lang
     root, url, handler = server
     docs = fineweb2_files(root, n_docs=12)
     out = str(tmp_path / "fra_Latn")
-    first = data.download_fineweb2("fra_Latn", out, 1, url, progress=False)   # one row group
+    first = download.download_fineweb2("fra_Latn", out, 1, url, progress=False)   # one row group
     stamp = os.stat(first[0]).st_mtime_ns
-    everything = data.download_fineweb2("fra_Latn", out, 1e12, url, progress=False)
+    everything = download.download_fineweb2("fra_Latn", out, 1e12, url, progress=False)
     assert len(everything) == 3 + 2 and everything[0] == first[0] and os.stat(first[0]).st_mtime_ns == stamp
     assert [d for p in everything for d in data.iter_documents(p)] == docs[0] + docs[1]
     assert handler.log[-1][0] == "/data/fra_Latn/train/000_00002.parquet"    # missing: the language ends there
     handler.log.clear()
-    assert data.download_fineweb2("fra_Latn", out, 4001, url, progress=False) == everything[:2]
+    assert download.download_fineweb2("fra_Latn", out, 4001, url, progress=False) == everything[:2]
     assert handler.log == []                                                 # all there: nothing is fetched
 
 
@@ -823,24 +823,24 @@ def test_fineweb2_unknown_language_offline_or_without_range_support_is_a_one_lin
     root, url, handler = server
     fineweb2_files(root, n_docs=4)
     with pytest.raises(ValueError, match="HTTP 404 .*; is xyz_Latn a FineWeb-2 language") as e:
-        data.download_fineweb2("xyz_Latn", str(tmp_path / "x"), 100, url, progress=False)
+        download.download_fineweb2("xyz_Latn", str(tmp_path / "x"), 100, url, progress=False)
     assert "\n" not in str(e.value)
     handler.ignore_range = True
     with pytest.raises(ValueError, match="the server ignores HTTP Range requests"):
-        data.download_fineweb2("fra_Latn", str(tmp_path / "f"), 100, url, progress=False)
+        download.download_fineweb2("fra_Latn", str(tmp_path / "f"), 100, url, progress=False)
     monkeypatch.setattr(download, "DOWNLOAD_BACKOFF_S", 0.0)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     with pytest.raises(ValueError, match="after 5 tries .*offline\\? is fra_Latn a FineWeb-2 language.*--data sample"):
-        data.download_fineweb2("fra_Latn", str(tmp_path / "g"), 100, dead, progress=False)
+        download.download_fineweb2("fra_Latn", str(tmp_path / "g"), 100, dead, progress=False)
 
 
 def test_fineweb2_language_joins_a_mixture_with_its_share_of_the_token_budget(server, tmp_path):
     root, url, _ = server
     docs = fineweb2_files(root, n_docs=12)
     en = write_jsonl(tmp_path / "en.jsonl", make_docs(20))
-    budget = sum(map(len, docs[0][:8])) / data.FINEWEB2_CHARS_PER_TOKEN   # tokens whose half needs 1 row group
+    budget = sum(map(len, docs[0][:8])) / download.FINEWEB2_CHARS_PER_TOKEN   # tokens whose half needs 1 row group
     meta = data.prepare_data(f"{en}:0.5,fineweb2:fra_Latn:0.5", str(tmp_path / "cache"),
                              {"vocab_size": 320, "max_tokens": budget, "fineweb2_url": url, "workers": 1},
                              progress=False)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+import download
 import evaluate_glue as eg
 from conftest import random_checkpoint
 
@@ -354,7 +355,7 @@ def build_mirror(glue_dir, root):
     """The public layout: task zips and AX.tsv under glue/, SentEval's raw MRPC files under senteval/."""
     os.makedirs(os.path.join(root, "glue"))
     os.makedirs(os.path.join(root, "senteval"))
-    for task, zip_name in eg.ZIPS.items():
+    for task, zip_name in download.ZIPS.items():
         with zipfile.ZipFile(os.path.join(root, "glue", zip_name), "w") as z:
             for f in sorted(os.listdir(os.path.join(glue_dir, task))):
                 z.write(os.path.join(glue_dir, task, f), f"{task}/{f}")
@@ -396,12 +397,12 @@ def test_download_reproduces_the_glue_folder(tmp_path, glue_dir, mirror):
     assert open(os.path.join(dest, "QQP", "train.tsv")).readline().startswith("id\tqid1")  # no QQP/STS-B swap
     assert os.path.isfile(os.path.join(dest, "diagnostic", "diagnostic.tsv"))
     assert not [f for f in os.listdir(dest) if f.endswith((".zip", ".tmp")) or f.startswith(".extract")]
-    eg.download_glue(dest, list(eg.TASKS), base_url="http://invalid.invalid/")  # all present: nothing fetched
+    download.download_glue(dest, list(eg.TASKS), base_url="http://invalid.invalid/")  # all present: nothing fetched
 
 
 def test_download_missing_file_fails_at_once_naming_the_url(tmp_path, mirror):
     with pytest.raises(SystemExit, match=r"download failed: .*/nowhere/RTE.zip: HTTP 404"):
-        eg.download_glue(str(tmp_path / "g"), ["RTE"], base_url=mirror + "/nowhere/", retry_wait_s=60)
+        download.download_glue(str(tmp_path / "g"), ["RTE"], base_url=mirror + "/nowhere/", retry_wait_s=60)
 
 
 def test_download_offline_is_one_line_error(tmp_path):
@@ -410,7 +411,7 @@ def test_download_offline_is_one_line_error(tmp_path):
     port = s.getsockname()[1]
     s.close()  # nothing listens here now: connection refused
     with pytest.raises(SystemExit) as e:
-        eg.download_glue(str(tmp_path / "g"), ["RTE"], base_url=f"http://127.0.0.1:{port}/", retries=2, retry_wait_s=0)
+        download.download_glue(str(tmp_path / "g"), ["RTE"], base_url=f"http://127.0.0.1:{port}/", retries=2, retry_wait_s=0)
     msg = str(e.value)
     assert msg.startswith(f"download failed: cannot download http://127.0.0.1:{port}/RTE.zip") and "\n" not in msg
     assert not os.listdir(str(tmp_path / "g"))  # no partial files left behind

@@ -35,6 +35,11 @@ import tempfile
 
 import numpy as np
 
+# the numerics of every fit below (numpy only); imported by name, because "fit" is what this file
+# calls a fitted law
+from fit import (check_points, levenberg_marquardt, lse_model, multistart, projection_starts,
+                 to_params)
+
 # -----------------------------------------------------------------------------
 # Accounting: hardware peaks, and hours x GPUs x MFU -> FLOPs -> tokens
 
@@ -170,160 +175,15 @@ def tokens_for_params(N, params):
 
 
 # -----------------------------------------------------------------------------
-# Robust fitting: Huber objective in log space, batched Levenberg-Marquardt over many starts
+# Fitting the law to runs (the numerics, log-space Huber and batched Levenberg-Marquardt, are in
+# fit.py), and the cross-checks
 
-def _huber(r, delta, w):
-    """Sum over points of w * Huber_delta(r): quadratic inside |r| <= delta, linear outside. (S, n)
-    -> (S,)."""
-    absr = np.abs(r)
-    return np.sum(w * np.where(absr <= delta, 0.5 * r * r, delta * (absr - 0.5 * delta)), axis=-1)
-
-
-def _levenberg_marquardt(model, theta, w, delta, max_iter=1000, xtol=1e-10):
-    """Minimize sum_i w_i Huber(r_i(theta)) for S starting points at once. model(theta (S, P))
-    returns residuals r (S, n) and their Jacobian J (S, n, P). Huber is handled by iteratively
-    reweighted least squares: outside |r| <= delta a point weighs delta/|r|, which makes the
-    quadratic model an upper bound of the Huber loss, and a step is kept only if the true summed
-    objective decreases. A start stops when its accepted step is below xtol (relative), or when no
-    damping gives a decrease, never on the objective value (what cut Chinchilla's fit short)."""
-    theta = np.array(theta, float)
-    S, P = theta.shape
-    r, J = model(theta)
-    w = np.broadcast_to(w, r.shape)
-    f = _huber(r, delta, w)
-    lam = np.full(S, 1e-3)
-    done, iters = np.zeros(S, bool), np.zeros(S, int)
-    for _ in range(max_iter):
-        act = np.flatnonzero(~done)
-        if act.size == 0:
-            break
-        ra, Ja, wa = r[act], J[act], w[act]
-        # 1 inside |r| <= delta
-        irls = wa * (delta / np.maximum(np.abs(ra), delta))
-        # (s, P), exact gradient
-        grad = np.einsum("snp,sn->sp", Ja, wa * np.clip(ra, -delta, delta))
-        H = np.swapaxes(Ja * irls[..., None], 1, 2) @ Ja                              # (s, P, P)
-        diag = np.diagonal(H, axis1=1, axis2=2)
-        # Marquardt scaling
-        diag = np.maximum(diag, 1e-12 * diag.max(axis=1, keepdims=True) + 1e-300)
-        step = -np.linalg.solve(H + lam[act, None, None] * (diag[:, :, None] * np.eye(P)),
-                                grad[..., None])[..., 0]
-        trial = theta[act] + step
-        r_t, J_t = model(trial)
-        f_t = _huber(r_t, delta, wa)
-        ok = f_t < f[act]
-        keep = act[ok]
-        theta[keep], r[keep], J[keep], f[keep] = trial[ok], r_t[ok], J_t[ok], f_t[ok]
-        lam[keep] = np.maximum(lam[keep] / 3.0, 1e-12)
-        lam[act[~ok]] *= 4.0
-        iters[act] += 1
-        small = np.max(np.abs(step), axis=1) <= xtol * (1.0 + np.max(np.abs(trial), axis=1))
-        done[act[(ok & small) | (lam[act] > 1e16)]] = True
-    # r, J are kept at theta
-    grad = np.einsum("snp,sn->sp", J, w * np.clip(r, -delta, delta))
-    return {"theta": theta, "objective": f, "converged": done, "iterations": iters,
-            "grad_norm": np.max(np.abs(grad), axis=1), "residuals": r}
-
-
-def _lse_model(X, logy):
-    """Residuals and Jacobian of log y = LSE(c_1 - s_1 X_1, .., c_m - s_m X_m, e) - log y_obs,
-    batched over theta = (c_1..c_m, e, s_1..s_m) (S, 2m+1). Chinchilla (Hoffmann et al. App. D.2): X
-    = (ln N, ln D) centred, theta = (a, b, e, alpha, beta) with A = exp(a), B = exp(b), E = exp(e);
-    the power law: X = (ln C,), (a, e, k). Centring (x = ln N - mean ln N) keeps the columns apart;
-    the caller adds s_j * mean back to c_j."""
-    m = X.shape[0]
-    def model(theta):
-        t = np.concatenate([theta[:, :m, None] - theta[:, m + 1:, None] * X,
-                            np.broadcast_to(theta[:, m, None, None], (len(theta), 1, X.shape[1]))],
-                            axis=1)
-        # (S, m+1, n) terms
-        mx = t.max(axis=1, keepdims=True)
-        e = np.exp(t - mx)
-        p = e / e.sum(axis=1, keepdims=True)                                        # d LSE / d term
-        J = np.concatenate([p, -p[:, :m] * X], axis=1).transpose(0, 2, 1)          # (S, n, 2m+1)
-        return (mx + np.log(e.sum(axis=1, keepdims=True)))[:, 0] - logy, J
-    return model
-
-
-def _thin(order, coords, k, min_dist):
-    """The first k indices of `order` whose coords are at least min_dist apart (diverse starting
-    points)."""
-    picked = []
-    for i in order:
-        if all(np.max(np.abs(coords[i] - coords[j])) >= min_dist for j in picked):
-            picked.append(i)
-            if len(picked) == k:
-                break
-    return picked
-
-
-def _projection_starts(X, y, grid, k=8):
-    """Starting points by variable projection: for fixed exponents the law is linear in its
-    coefficients (E, A, B), so solve the least-squares problem for every exponent combination on
-    `grid` (residuals divided by y, close to log residuals), keep solutions with all coefficients >
-    0, and start from the k best that are at least two grid steps apart. 47 x 47 exponent pairs cost
-    a few milliseconds and land in the basin of the full paper grid."""
-    m = X.shape[0]
-    # (P, m) exponents
-    S = np.stack(np.meshgrid(*[grid] * m, indexing="ij"), axis=-1).reshape(-1, m)
-    # (P, m+1, n)
-    Z = np.concatenate([np.exp(-S[:, :, None] * X), np.ones((len(S), 1, X.shape[1]))], axis=1)
-    Zw = Z / y ** 2
-    with np.errstate(all="ignore"):
-        rhs = Zw @ y
-        coef = np.linalg.solve(Zw @ Z.transpose(0, 2, 1) + 1e-12 * np.eye(m + 1), rhs[...,
-                                                                                      None])[..., 0]
-        # sum (1 - fit/y)^2
-        sse = np.sum(np.ones_like(y)) - np.sum(coef * rhs, axis=-1)
-    ok = np.flatnonzero(np.all(coef > 0, axis=1) & np.isfinite(sse))
-    # no positive solution: a guess
-    if ok.size == 0:
-        return np.concatenate([np.zeros(m), [np.log(y.min()) - 0.1], np.full(m, 0.3)])[None]
-    # grid indices
-    picked = _thin(ok[np.argsort(sse[ok], kind="stable")], S, k, 2 * (grid[1] - grid[0]) - 1e-12)
-    return np.concatenate([np.log(coef[picked]), S[picked]], axis=1)
-
-
-def _multistart(model, starts, w, delta, keep=8):
-    """Run LM from every start; with many starts, first 25 iterations for all, then the best `keep`
-    to the end."""
-    if len(starts) > keep:
-        rough = _levenberg_marquardt(model, starts, w, delta, max_iter=25)
-        starts = rough["theta"][np.argsort(rough["objective"], kind="stable")[:keep]]
-    out = _levenberg_marquardt(model, starts, w, delta)
-    i = int(np.argmin(np.where(np.isfinite(out["objective"]), out["objective"], np.inf)))
-    return {k: v[i] for k, v in out.items()}
-
-
-def _check_points(points, n_params, what):
-    """Points (list of dicts) -> canonical order and arrays; ValueError naming the problem. Sorting
-    makes the fit independent of input order to the last bit."""
-    if len(points) < n_params:
-        raise ValueError(f"{what}: need at least {n_params} points (one per parameter), got "
-                         f"{len(points)}")
-    for i, p in enumerate(points):
-        for key in ("N", "D", "loss"):
-            v = p.get(key) if isinstance(p, dict) else None
-            if v is None or not isinstance(v, (int, float,
-                                               np.number)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{what}: point {i} needs a positive finite {key!r}, got {v!r} in "
-                                 f"{p!r}")
-    pts = sorted(points, key=lambda p: (p["N"], p["D"], p["loss"], str(p.get("run_id", ""))))
-    N, D, L = (np.array([p[k] for p in pts], float) for k in ("N", "D", "loss"))
-    if np.unique(N).size < 2 or np.unique(D).size < 2:
-        raise ValueError(f"{what}: need at least 2 distinct model sizes N and 2 distinct token "
-                         "counts D")
-    return pts, N, D, L
-
-
-def _to_params(theta, x_ref, y_ref):
-    """Centred (a, b, e, alpha, beta) -> the constants in the units of the data, plus a, b and G of
-    the frontier."""
-    a, b, e, alpha, beta = theta
-    params = {"E": math.exp(e), "A": math.exp(a + alpha * x_ref), "B": math.exp(b + beta * y_ref),
-              "alpha": float(alpha), "beta": float(beta)}
-    opt = compute_optimal(1.0, params) if alpha > 0 and beta > 0 else {"a": math.nan, "b": math.nan,
-                                                                       "G": math.nan}
+def _law(theta, ref):
+    """fit.to_params's constants plus a, b and G of their compute-optimal frontier (NaN when an
+    exponent is not positive: then the law has no finite optimum)."""
+    params = to_params(theta, *ref)
+    ok = params["alpha"] > 0 and params["beta"] > 0
+    opt = compute_optimal(1.0, params) if ok else {"a": math.nan, "b": math.nan, "G": math.nan}
     return {**params, "a": opt["a"], "b": opt["b"], "G": opt["G"]}
 
 
@@ -332,31 +192,37 @@ def fit_chinchilla(points, delta=1e-3, init="projection"):
     init="projection" (fast, default) starts from the best variable-projection solutions,
     init="grid" from the paper's 4500-point grid (slower, same answer). Returns unrounded constants,
     a, b, G, the objective, convergence and log-residual diagnostics."""
-    pts, N, D, L = _check_points(points, 5, "fit_chinchilla")
+    # five parameters (E, A, B, alpha, beta): at least five points
+    pts, N, D, L = check_points(points, 5, "fit_chinchilla")
+    # centre ln N and ln D, so a and b do not trade off against alpha and beta
     x_ref, y_ref = np.log(N).mean(), np.log(D).mean()
     X = np.stack([np.log(N) - x_ref, np.log(D) - y_ref])
-    model = _lse_model(X, np.log(L))
+    # residuals in log loss, as Hoffmann et al. (Approach 3) fit them
+    model = lse_model(X, np.log(L))
     if init == "projection":
-        starts = _projection_starts(X, L, np.arange(0.05, 1.2001, 0.025))
-    # Hoffmann et al.'s 4500 initialisations (App. D.2), in centred units
+        # exponents 0.05 .. 1.2 in steps of 0.025: 47 values for each of alpha and beta
+        starts = projection_starts(X, L, np.arange(0.05, 1.2001, 0.025))
     elif init == "grid":
-        a, b, e, al, be = (g.ravel() for g in np.meshgrid(np.arange(0, 26, 5.0), np.arange(0, 26,
-                                                                                           5.0),
-                           np.arange(-1, 1.01, 0.5), np.arange(0, 2.01, 0.5), np.arange(0, 2.01,
-                                                                                        0.5),
-                                                                                        indexing="ij"))
+        # Hoffmann et al.'s 4500 initialisations: a, b in {0, 5, .., 25}, e in {-1, -0.5, .., 1},
+        # alpha, beta in {0, 0.5, .., 2}; 6 * 6 * 5 * 5 * 5 = 4500
+        grid = (np.arange(0, 26, 5.0), np.arange(0, 26, 5.0), np.arange(-1, 1.01, 0.5),
+                np.arange(0, 2.01, 0.5), np.arange(0, 2.01, 0.5))
+        a, b, e, al, be = (g.ravel() for g in np.meshgrid(*grid, indexing="ij"))
+        # the paper's a, b are for uncentred ln N, ln D: move them to centred units
         starts = np.stack([a - al * x_ref, b - be * y_ref, e, al, be], axis=1)
     else:
         raise ValueError(f"init must be 'projection' or 'grid', got {init!r}")
-    best = _multistart(model, starts, np.ones_like(L), delta)
+    # every point weighs 1: the Huber loss is summed, not averaged (Besiroglu et al. 2024)
+    best = multistart(model, starts, np.ones_like(L), delta)
     r = best["residuals"]
-    return {**_to_params(best["theta"], x_ref, y_ref), "objective": float(best["objective"]),
+    return {**_law(best["theta"], (x_ref, y_ref)), "objective": float(best["objective"]),
             "converged": bool(best["converged"]), "iterations": int(best["iterations"]),
             "grad_norm": float(best["grad_norm"]),
             "rms_log_residual": float(np.sqrt(np.mean(r * r))),
             "max_log_residual": float(np.max(np.abs(r))), "n_points": len(pts),
             "n_runs": len({p.get("run_id", i) for i, p in enumerate(pts)}), "delta": delta,
             "init": init,
+            # for bootstrap's warm start; cmd_fit leaves "_" keys out of fit.json
             "_theta": best["theta"], "_ref": (x_ref, y_ref)}
 
 
@@ -366,26 +232,30 @@ def bootstrap(points, fit=None, n_boot=200, seed=0, level=0.95, delta=1e-3):
     (Epoch's warm start), all resamples in one batched LM: a resample is a vector of per-point
     counts used as Huber weights. Returns {"intervals": {name: [lo, median, hi]}, "samples": {name:
     array}, ...}."""
-    # warm start needs fit_chinchilla's
+    # the warm start needs fit_chinchilla's centred theta (a fit read from fit.json has none)
     fit = fit if fit and "_theta" in fit else fit_chinchilla(points, delta)
-    pts, N, D, L = _check_points(points, 5, "bootstrap")
+    # the same canonical order as the fit, so the centring and the points line up
+    pts, N, D, L = check_points(points, 5, "bootstrap")
     x_ref, y_ref = fit["_ref"]
-    model = _lse_model(np.stack([np.log(N) - x_ref, np.log(D) - y_ref]), np.log(L))
+    model = lse_model(np.stack([np.log(N) - x_ref, np.log(D) - y_ref]), np.log(L))
     keys = [str(p["run_id"]) if "run_id" in p else f"#point{i}" for i, p in enumerate(pts)]
+    # index: the run of each point, so a run's points are drawn together
     groups, index = np.unique(keys, return_inverse=True)
     rng = np.random.default_rng(seed)
-    # (n_boot, runs)
+    # (n_boot, runs): how often each run is drawn, as many draws as there are runs
     counts = rng.multinomial(len(groups), np.full(len(groups), 1.0 / len(groups)), size=n_boot)
-    out = _levenberg_marquardt(model, np.repeat(fit["_theta"][None], n_boot, 0), counts[:, index],
-                               delta)
-    draws = [_to_params(t, x_ref, y_ref) for t in out["theta"]]
-    samples = {k: np.array([d[k] for d in draws]) for k in ("E", "A", "B", "alpha", "beta", "a",
-                                                            "b", "G")}
+    starts = np.repeat(fit["_theta"][None], n_boot, 0)
+    # a run drawn twice weighs 2 in the summed Huber loss: the same as two copies of its points
+    out = levenberg_marquardt(model, starts, counts[:, index], delta)
+    draws = [_law(t, (x_ref, y_ref)) for t in out["theta"]]
+    names = ("E", "A", "B", "alpha", "beta", "a", "b", "G")
+    samples = {k: np.array([d[k] for d in draws]) for k in names}
+    # percentiles: 2.5, 50 and 97.5 at the default level 0.95
     q = [50 * (1 - level), 50.0, 50 * (1 + level)]
+    # nanpercentile: a resample with a non-positive exponent has NaN a, b and G (_law)
+    intervals = {k: [float(v) for v in np.nanpercentile(s, q)] for k, s in samples.items()}
     return {"n_boot": n_boot, "seed": seed, "level": level, "n_runs": len(groups),
-            "converged_fraction": float(out["converged"].mean()),
-            "intervals": {k: [float(v) for v in np.nanpercentile(s, q)] for k,
-                          s in samples.items()},
+            "converged_fraction": float(out["converged"].mean()), "intervals": intervals,
             "samples": samples}
 
 
@@ -394,8 +264,8 @@ def allocation_band(C, boot, level=None):
     compute_optimal."""
     s = boot["samples"]
     level = level or boot["level"]
-    opt = [compute_optimal(C, {k: s[k][i] for k in ("E", "A", "B", "alpha",
-                                                    "beta")}) for i in range(len(s["E"]))]
+    names = ("E", "A", "B", "alpha", "beta")
+    opt = [compute_optimal(C, {k: s[k][i] for k in names}) for i in range(len(s["E"]))]
     q = [50 * (1 - level), 50.0, 50 * (1 + level)]
     return {k: [float(v) for v in np.nanpercentile([o[k] for o in opt], q)] for k in ("N", "D")}
 
@@ -411,10 +281,11 @@ def fit_power_law(x, y, delta=1e-3):
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and np.all(x > 0) and np.all(y > 0)):
         raise ValueError("fit_power_law: x and y must be positive and finite")
     x_ref = np.log(x).mean()
+    # one input (m = 1): theta = (a, e, k), log y = LSE(a - k (ln x - x_ref), e)
     X = (np.log(x) - x_ref)[None]
-    best = _multistart(_lse_model(X, np.log(y)), _projection_starts(X, y, np.arange(0.005, 2.0,
-                                                                                    0.005)),
-                       np.ones_like(y), delta)
+    # k from 0.005 to 2: Kaplan's compute exponent (0.050) is near the low end
+    starts = projection_starts(X, y, np.arange(0.005, 2.0, 0.005))
+    best = multistart(lse_model(X, np.log(y)), starts, np.ones_like(y), delta)
     a, e, k = best["theta"]
     return {"E": math.exp(e), "A": math.exp(a + k * x_ref), "k": float(k),
             "objective": float(best["objective"]),

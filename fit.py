@@ -19,7 +19,8 @@ How to use it (scaling.fit_chinchilla does exactly this):
     constants = fit.to_params(best["theta"], x_ref, y_ref)      # {"E", "A", "B", "alpha", "beta"}
 
 levenberg_marquardt runs a batch of starts with per-start point weights (scaling.bootstrap passes
-resampling counts there). Nothing here knows about runs, files or compute: scaling.py does that.
+resampling counts there). fit_power_law(x, y) fits y = E + A x^-k the same way, in one call.
+Nothing here knows about runs, files or compute: scaling.py does that.
 """
 import math
 
@@ -193,3 +194,26 @@ def to_params(theta, x_ref, y_ref):
     a, b, e, alpha, beta = theta
     return {"E": math.exp(e), "A": math.exp(a + alpha * x_ref), "B": math.exp(b + beta * y_ref),
             "alpha": float(alpha), "beta": float(beta)}
+
+
+def fit_power_law(x, y, delta=1e-3):
+    """Saturating power law y = E + A x^-k (Kaplan et al. 2020's L(C) with an irreducible term, as
+    BigScience fitted loss against compute), fitted like the parametric law: log-space Huber from
+    variable-projection starts."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if x.size < 3 or x.shape != y.shape:
+        raise ValueError("fit_power_law: need at least 3 (x, y) pairs of equal length, got "
+                         f"{x.size} and {y.size}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and np.all(x > 0) and np.all(y > 0)):
+        raise ValueError("fit_power_law: x and y must be positive and finite")
+    x_ref = np.log(x).mean()
+    # one input (m = 1): theta = (a, e, k), log y = LSE(a - k (ln x - x_ref), e)
+    X = (np.log(x) - x_ref)[None]
+    # k from 0.005 to 2: Kaplan's compute exponent (0.050) is near the low end
+    starts = projection_starts(X, y, np.arange(0.005, 2.0, 0.005))
+    best = multistart(lse_model(X, np.log(y)), starts, np.ones_like(y), delta)
+    a, e, k = best["theta"]
+    # the centring undone as in to_params: A = exp(a + k x_ref)
+    return {"E": math.exp(e), "A": math.exp(a + k * x_ref), "k": float(k),
+            "objective": float(best["objective"]), "converged": bool(best["converged"]),
+            "n_points": int(x.size)}

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model  # noqa: E402
-from train import gpu_peak_flops  # noqa: E402
+from planning import gpu_peak_flops  # noqa: E402
 
 def make_batch(cfg, batch_size, device, seed=0):
     """Random tokens with k = mask_rate * T masked positions per sequence, as data.py produces them."""

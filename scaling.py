@@ -2,21 +2,18 @@
 
 Turns "I have H GPU hours" into "train this shape on this many tokens":
 
-    python scaling.py plan --hours 24 --gpu a100            # published constants (Epoch's refit of Chinchilla)
-    python scaling.py sweep --hours 12 --gpu a100           # train.py commands of a small IsoFLOP sweep
-    python scaling.py fit runs/sweep/*                      # constants with bootstrap intervals -> fit.json
+    python scaling.py plan --hours 24 --gpu a100     # published constants (Epoch's refit)
+    python scaling.py sweep --hours 12 --gpu a100    # train.py commands of a small IsoFLOP sweep
+    python scaling.py fit runs/sweep/*               # constants with bootstrap intervals: fit.json
     python scaling.py plan --hours 24 --gpu a100 --fit fit.json
 
 The law is Chinchilla's parametric form (Hoffmann et al. 2022, "Training Compute-Optimal Large
 Language Models", Eq. 2 and App. D.2): L(N, D) = E + A / N^alpha + B / D^beta, N parameters, D
-training tokens. It is fitted as they describe: log-space Huber loss (delta = 1e-3) on log L, from
-many starting points. Epoch AI's replication (Besiroglu et al. 2024, arXiv 2404.10102) showed that
-the published constants came from an optimizer that stopped early (mean-reduced loss under a
-tolerance on the objective) and were then rounded; so here the loss is summed, the optimizer
-(Levenberg-Marquardt, numpy only) stops only on step size, and nothing is rounded. With C = 6 N D
-the compute-optimal allocation is closed-form (Hoffmann et al. Sec. 3.3, Eq. 4):
-N*(C) = G (C/6)^a, D*(C) = (C/6)^b / G, G = (alpha A / (beta B))^(1 / (alpha + beta)), a =
-beta/(alpha+beta), b = 1-a.
+training tokens. fit.py fits it as they describe (log-space Huber, delta = 1e-3, many starts), but
+summed and run to convergence, which Epoch AI's replication (Besiroglu et al. 2024) showed the
+published, rounded constants were not. With C = 6 N D the compute-optimal allocation is
+closed-form (Hoffmann et al. Sec. 3.3, Eq. 4): N*(C) = G (C/6)^a, D*(C) = (C/6)^b / G,
+G = (alpha A / (beta B))^(1 / (alpha + beta)), a = beta/(alpha+beta), b = 1-a.
 
 Conventions. N counts the parameters the way the constants were fitted: the published sets count all
 parameters (Chinchilla); our own fits use summary.json's "params" (non-embedding, Kaplan et al.
@@ -34,6 +31,11 @@ import re
 import tempfile
 
 import numpy as np
+
+# the numerics of every fit below (numpy only), by name: in this file "fit" is a fitted law.
+# fit_power_law is part of this file's API too (cmd_fit fits the loss-vs-compute frontier with it)
+from fit import (check_points, fit_power_law, levenberg_marquardt, lse_model, multistart,
+                 projection_starts, to_params)
 
 # -----------------------------------------------------------------------------
 # Accounting: hardware peaks, and hours x GPUs x MFU -> FLOPs -> tokens
@@ -91,8 +93,7 @@ def peak_flops(gpu):
 
 
 def budget_flops(hours, gpu, n_gpus=1, mfu=0.4):
-    """Model FLOPs a budget buys: hours * 3600 * n_gpus * peak * MFU (MFU as PaLM defines it, App.
-    B)."""
+    """Model FLOPs a budget buys: hours * 3600 * n_gpus * peak * MFU (MFU as in PaLM, App. B)."""
     if not (hours > 0 and math.isfinite(hours)):
         raise ValueError(f"hours must be positive, got {hours!r}")
     if not (isinstance(n_gpus, int) and n_gpus >= 1) or not 0 < mfu <= 1:
@@ -102,8 +103,7 @@ def budget_flops(hours, gpu, n_gpus=1, mfu=0.4):
 
 
 def model_accounting(cfg):
-    """Parameters and training FLOPs per token of a model.py config, from model.py itself (one
-    source of truth)."""
+    """Parameters and training FLOPs per token of a model.py config, from model.py itself."""
     import model  # here, not at the top: fits and plots need no torch
     return {"params": model.count_params(cfg, embeddings=False),
             "params_total": model.count_params(cfg),
@@ -111,8 +111,7 @@ def model_accounting(cfg):
 
 
 def hours_to_tokens(hours, gpu, flops_per_token, n_gpus=1, mfu=0.4):
-    """How many tokens a model that costs flops_per_token (model.flops_per_token) trains on in the
-    budget."""
+    """How many tokens a model costing flops_per_token (model.flops_per_token) trains on."""
     if not flops_per_token > 0:
         raise ValueError(f"flops_per_token must be positive, got {flops_per_token!r}")
     flops = budget_flops(hours, gpu, n_gpus, mfu)
@@ -170,160 +169,15 @@ def tokens_for_params(N, params):
 
 
 # -----------------------------------------------------------------------------
-# Robust fitting: Huber objective in log space, batched Levenberg-Marquardt over many starts
+# Fitting the law to runs (the numerics, log-space Huber and batched Levenberg-Marquardt, are in
+# fit.py), and the cross-checks
 
-def _huber(r, delta, w):
-    """Sum over points of w * Huber_delta(r): quadratic inside |r| <= delta, linear outside. (S, n)
-    -> (S,)."""
-    absr = np.abs(r)
-    return np.sum(w * np.where(absr <= delta, 0.5 * r * r, delta * (absr - 0.5 * delta)), axis=-1)
-
-
-def _levenberg_marquardt(model, theta, w, delta, max_iter=1000, xtol=1e-10):
-    """Minimize sum_i w_i Huber(r_i(theta)) for S starting points at once. model(theta (S, P))
-    returns residuals r (S, n) and their Jacobian J (S, n, P). Huber is handled by iteratively
-    reweighted least squares: outside |r| <= delta a point weighs delta/|r|, which makes the
-    quadratic model an upper bound of the Huber loss, and a step is kept only if the true summed
-    objective decreases. A start stops when its accepted step is below xtol (relative), or when no
-    damping gives a decrease, never on the objective value (what cut Chinchilla's fit short)."""
-    theta = np.array(theta, float)
-    S, P = theta.shape
-    r, J = model(theta)
-    w = np.broadcast_to(w, r.shape)
-    f = _huber(r, delta, w)
-    lam = np.full(S, 1e-3)
-    done, iters = np.zeros(S, bool), np.zeros(S, int)
-    for _ in range(max_iter):
-        act = np.flatnonzero(~done)
-        if act.size == 0:
-            break
-        ra, Ja, wa = r[act], J[act], w[act]
-        # 1 inside |r| <= delta
-        irls = wa * (delta / np.maximum(np.abs(ra), delta))
-        # (s, P), exact gradient
-        grad = np.einsum("snp,sn->sp", Ja, wa * np.clip(ra, -delta, delta))
-        H = np.swapaxes(Ja * irls[..., None], 1, 2) @ Ja                              # (s, P, P)
-        diag = np.diagonal(H, axis1=1, axis2=2)
-        # Marquardt scaling
-        diag = np.maximum(diag, 1e-12 * diag.max(axis=1, keepdims=True) + 1e-300)
-        step = -np.linalg.solve(H + lam[act, None, None] * (diag[:, :, None] * np.eye(P)),
-                                grad[..., None])[..., 0]
-        trial = theta[act] + step
-        r_t, J_t = model(trial)
-        f_t = _huber(r_t, delta, wa)
-        ok = f_t < f[act]
-        keep = act[ok]
-        theta[keep], r[keep], J[keep], f[keep] = trial[ok], r_t[ok], J_t[ok], f_t[ok]
-        lam[keep] = np.maximum(lam[keep] / 3.0, 1e-12)
-        lam[act[~ok]] *= 4.0
-        iters[act] += 1
-        small = np.max(np.abs(step), axis=1) <= xtol * (1.0 + np.max(np.abs(trial), axis=1))
-        done[act[(ok & small) | (lam[act] > 1e16)]] = True
-    # r, J are kept at theta
-    grad = np.einsum("snp,sn->sp", J, w * np.clip(r, -delta, delta))
-    return {"theta": theta, "objective": f, "converged": done, "iterations": iters,
-            "grad_norm": np.max(np.abs(grad), axis=1), "residuals": r}
-
-
-def _lse_model(X, logy):
-    """Residuals and Jacobian of log y = LSE(c_1 - s_1 X_1, .., c_m - s_m X_m, e) - log y_obs,
-    batched over theta = (c_1..c_m, e, s_1..s_m) (S, 2m+1). Chinchilla (Hoffmann et al. App. D.2): X
-    = (ln N, ln D) centred, theta = (a, b, e, alpha, beta) with A = exp(a), B = exp(b), E = exp(e);
-    the power law: X = (ln C,), (a, e, k). Centring (x = ln N - mean ln N) keeps the columns apart;
-    the caller adds s_j * mean back to c_j."""
-    m = X.shape[0]
-    def model(theta):
-        t = np.concatenate([theta[:, :m, None] - theta[:, m + 1:, None] * X,
-                            np.broadcast_to(theta[:, m, None, None], (len(theta), 1, X.shape[1]))],
-                            axis=1)
-        # (S, m+1, n) terms
-        mx = t.max(axis=1, keepdims=True)
-        e = np.exp(t - mx)
-        p = e / e.sum(axis=1, keepdims=True)                                        # d LSE / d term
-        J = np.concatenate([p, -p[:, :m] * X], axis=1).transpose(0, 2, 1)          # (S, n, 2m+1)
-        return (mx + np.log(e.sum(axis=1, keepdims=True)))[:, 0] - logy, J
-    return model
-
-
-def _thin(order, coords, k, min_dist):
-    """The first k indices of `order` whose coords are at least min_dist apart (diverse starting
-    points)."""
-    picked = []
-    for i in order:
-        if all(np.max(np.abs(coords[i] - coords[j])) >= min_dist for j in picked):
-            picked.append(i)
-            if len(picked) == k:
-                break
-    return picked
-
-
-def _projection_starts(X, y, grid, k=8):
-    """Starting points by variable projection: for fixed exponents the law is linear in its
-    coefficients (E, A, B), so solve the least-squares problem for every exponent combination on
-    `grid` (residuals divided by y, close to log residuals), keep solutions with all coefficients >
-    0, and start from the k best that are at least two grid steps apart. 47 x 47 exponent pairs cost
-    a few milliseconds and land in the basin of the full paper grid."""
-    m = X.shape[0]
-    # (P, m) exponents
-    S = np.stack(np.meshgrid(*[grid] * m, indexing="ij"), axis=-1).reshape(-1, m)
-    # (P, m+1, n)
-    Z = np.concatenate([np.exp(-S[:, :, None] * X), np.ones((len(S), 1, X.shape[1]))], axis=1)
-    Zw = Z / y ** 2
-    with np.errstate(all="ignore"):
-        rhs = Zw @ y
-        coef = np.linalg.solve(Zw @ Z.transpose(0, 2, 1) + 1e-12 * np.eye(m + 1), rhs[...,
-                                                                                      None])[..., 0]
-        # sum (1 - fit/y)^2
-        sse = np.sum(np.ones_like(y)) - np.sum(coef * rhs, axis=-1)
-    ok = np.flatnonzero(np.all(coef > 0, axis=1) & np.isfinite(sse))
-    # no positive solution: a guess
-    if ok.size == 0:
-        return np.concatenate([np.zeros(m), [np.log(y.min()) - 0.1], np.full(m, 0.3)])[None]
-    # grid indices
-    picked = _thin(ok[np.argsort(sse[ok], kind="stable")], S, k, 2 * (grid[1] - grid[0]) - 1e-12)
-    return np.concatenate([np.log(coef[picked]), S[picked]], axis=1)
-
-
-def _multistart(model, starts, w, delta, keep=8):
-    """Run LM from every start; with many starts, first 25 iterations for all, then the best `keep`
-    to the end."""
-    if len(starts) > keep:
-        rough = _levenberg_marquardt(model, starts, w, delta, max_iter=25)
-        starts = rough["theta"][np.argsort(rough["objective"], kind="stable")[:keep]]
-    out = _levenberg_marquardt(model, starts, w, delta)
-    i = int(np.argmin(np.where(np.isfinite(out["objective"]), out["objective"], np.inf)))
-    return {k: v[i] for k, v in out.items()}
-
-
-def _check_points(points, n_params, what):
-    """Points (list of dicts) -> canonical order and arrays; ValueError naming the problem. Sorting
-    makes the fit independent of input order to the last bit."""
-    if len(points) < n_params:
-        raise ValueError(f"{what}: need at least {n_params} points (one per parameter), got "
-                         f"{len(points)}")
-    for i, p in enumerate(points):
-        for key in ("N", "D", "loss"):
-            v = p.get(key) if isinstance(p, dict) else None
-            if v is None or not isinstance(v, (int, float,
-                                               np.number)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{what}: point {i} needs a positive finite {key!r}, got {v!r} in "
-                                 f"{p!r}")
-    pts = sorted(points, key=lambda p: (p["N"], p["D"], p["loss"], str(p.get("run_id", ""))))
-    N, D, L = (np.array([p[k] for p in pts], float) for k in ("N", "D", "loss"))
-    if np.unique(N).size < 2 or np.unique(D).size < 2:
-        raise ValueError(f"{what}: need at least 2 distinct model sizes N and 2 distinct token "
-                         "counts D")
-    return pts, N, D, L
-
-
-def _to_params(theta, x_ref, y_ref):
-    """Centred (a, b, e, alpha, beta) -> the constants in the units of the data, plus a, b and G of
-    the frontier."""
-    a, b, e, alpha, beta = theta
-    params = {"E": math.exp(e), "A": math.exp(a + alpha * x_ref), "B": math.exp(b + beta * y_ref),
-              "alpha": float(alpha), "beta": float(beta)}
-    opt = compute_optimal(1.0, params) if alpha > 0 and beta > 0 else {"a": math.nan, "b": math.nan,
-                                                                       "G": math.nan}
+def _law(theta, ref):
+    """fit.to_params's constants plus a, b and G of their compute-optimal frontier (NaN when an
+    exponent is not positive: then the law has no finite optimum)."""
+    params = to_params(theta, *ref)
+    ok = params["alpha"] > 0 and params["beta"] > 0
+    opt = compute_optimal(1.0, params) if ok else {"a": math.nan, "b": math.nan, "G": math.nan}
     return {**params, "a": opt["a"], "b": opt["b"], "G": opt["G"]}
 
 
@@ -332,32 +186,37 @@ def fit_chinchilla(points, delta=1e-3, init="projection"):
     init="projection" (fast, default) starts from the best variable-projection solutions,
     init="grid" from the paper's 4500-point grid (slower, same answer). Returns unrounded constants,
     a, b, G, the objective, convergence and log-residual diagnostics."""
-    pts, N, D, L = _check_points(points, 5, "fit_chinchilla")
+    # five parameters (E, A, B, alpha, beta): at least five points
+    pts, N, D, L = check_points(points, 5, "fit_chinchilla")
+    # centre ln N and ln D, so a and b do not trade off against alpha and beta
     x_ref, y_ref = np.log(N).mean(), np.log(D).mean()
     X = np.stack([np.log(N) - x_ref, np.log(D) - y_ref])
-    model = _lse_model(X, np.log(L))
+    # residuals in log loss, as Hoffmann et al. (Approach 3) fit them
+    model = lse_model(X, np.log(L))
     if init == "projection":
-        starts = _projection_starts(X, L, np.arange(0.05, 1.2001, 0.025))
-    # Hoffmann et al.'s 4500 initialisations (App. D.2), in centred units
+        # exponents 0.05 .. 1.2 in steps of 0.025: 47 values for each of alpha and beta
+        starts = projection_starts(X, L, np.arange(0.05, 1.2001, 0.025))
     elif init == "grid":
-        a, b, e, al, be = (g.ravel() for g in np.meshgrid(np.arange(0, 26, 5.0), np.arange(0, 26,
-                                                                                           5.0),
-                           np.arange(-1, 1.01, 0.5), np.arange(0, 2.01, 0.5), np.arange(0, 2.01,
-                                                                                        0.5),
-                                                                                        indexing="ij"))
+        # Hoffmann et al.'s 4500 initialisations: a, b in {0, 5, .., 25}, e in {-1, -0.5, .., 1},
+        # alpha, beta in {0, 0.5, .., 2}; 6 * 6 * 5 * 5 * 5 = 4500
+        grid = (np.arange(0, 26, 5.0), np.arange(0, 26, 5.0), np.arange(-1, 1.01, 0.5),
+                np.arange(0, 2.01, 0.5), np.arange(0, 2.01, 0.5))
+        a, b, e, al, be = (g.ravel() for g in np.meshgrid(*grid, indexing="ij"))
+        # the paper's a, b are for uncentred ln N, ln D: move them to centred units
         starts = np.stack([a - al * x_ref, b - be * y_ref, e, al, be], axis=1)
     else:
         raise ValueError(f"init must be 'projection' or 'grid', got {init!r}")
-    best = _multistart(model, starts, np.ones_like(L), delta)
+    # every point weighs 1: the Huber loss is summed, not averaged (Besiroglu et al. 2024)
+    best = multistart(model, starts, np.ones_like(L), delta)
     r = best["residuals"]
-    return {**_to_params(best["theta"], x_ref, y_ref), "objective": float(best["objective"]),
+    return {**_law(best["theta"], (x_ref, y_ref)), "objective": float(best["objective"]),
             "converged": bool(best["converged"]), "iterations": int(best["iterations"]),
             "grad_norm": float(best["grad_norm"]),
             "rms_log_residual": float(np.sqrt(np.mean(r * r))),
             "max_log_residual": float(np.max(np.abs(r))), "n_points": len(pts),
             "n_runs": len({p.get("run_id", i) for i, p in enumerate(pts)}), "delta": delta,
-            "init": init,
-            "_theta": best["theta"], "_ref": (x_ref, y_ref)}
+            # the "_" keys are for bootstrap's warm start; cmd_fit leaves them out of fit.json
+            "init": init, "_theta": best["theta"], "_ref": (x_ref, y_ref)}
 
 
 def bootstrap(points, fit=None, n_boot=200, seed=0, level=0.95, delta=1e-3):
@@ -366,26 +225,30 @@ def bootstrap(points, fit=None, n_boot=200, seed=0, level=0.95, delta=1e-3):
     (Epoch's warm start), all resamples in one batched LM: a resample is a vector of per-point
     counts used as Huber weights. Returns {"intervals": {name: [lo, median, hi]}, "samples": {name:
     array}, ...}."""
-    # warm start needs fit_chinchilla's
+    # the warm start needs fit_chinchilla's centred theta (a fit read from fit.json has none)
     fit = fit if fit and "_theta" in fit else fit_chinchilla(points, delta)
-    pts, N, D, L = _check_points(points, 5, "bootstrap")
+    # the same canonical order as the fit, so the centring and the points line up
+    pts, N, D, L = check_points(points, 5, "bootstrap")
     x_ref, y_ref = fit["_ref"]
-    model = _lse_model(np.stack([np.log(N) - x_ref, np.log(D) - y_ref]), np.log(L))
+    model = lse_model(np.stack([np.log(N) - x_ref, np.log(D) - y_ref]), np.log(L))
     keys = [str(p["run_id"]) if "run_id" in p else f"#point{i}" for i, p in enumerate(pts)]
+    # index: the run of each point, so a run's points are drawn together
     groups, index = np.unique(keys, return_inverse=True)
     rng = np.random.default_rng(seed)
-    # (n_boot, runs)
+    # (n_boot, runs): how often each run is drawn, as many draws as there are runs
     counts = rng.multinomial(len(groups), np.full(len(groups), 1.0 / len(groups)), size=n_boot)
-    out = _levenberg_marquardt(model, np.repeat(fit["_theta"][None], n_boot, 0), counts[:, index],
-                               delta)
-    draws = [_to_params(t, x_ref, y_ref) for t in out["theta"]]
-    samples = {k: np.array([d[k] for d in draws]) for k in ("E", "A", "B", "alpha", "beta", "a",
-                                                            "b", "G")}
+    starts = np.repeat(fit["_theta"][None], n_boot, 0)
+    # a run drawn twice weighs 2 in the summed Huber loss: the same as two copies of its points
+    out = levenberg_marquardt(model, starts, counts[:, index], delta)
+    draws = [_law(t, (x_ref, y_ref)) for t in out["theta"]]
+    names = ("E", "A", "B", "alpha", "beta", "a", "b", "G")
+    samples = {k: np.array([d[k] for d in draws]) for k in names}
+    # percentiles: 2.5, 50 and 97.5 at the default level 0.95
     q = [50 * (1 - level), 50.0, 50 * (1 + level)]
+    # nanpercentile: a resample with a non-positive exponent has NaN a, b and G (_law)
+    intervals = {k: [float(v) for v in np.nanpercentile(s, q)] for k, s in samples.items()}
     return {"n_boot": n_boot, "seed": seed, "level": level, "n_runs": len(groups),
-            "converged_fraction": float(out["converged"].mean()),
-            "intervals": {k: [float(v) for v in np.nanpercentile(s, q)] for k,
-                          s in samples.items()},
+            "converged_fraction": float(out["converged"].mean()), "intervals": intervals,
             "samples": samples}
 
 
@@ -394,31 +257,10 @@ def allocation_band(C, boot, level=None):
     compute_optimal."""
     s = boot["samples"]
     level = level or boot["level"]
-    opt = [compute_optimal(C, {k: s[k][i] for k in ("E", "A", "B", "alpha",
-                                                    "beta")}) for i in range(len(s["E"]))]
+    names = ("E", "A", "B", "alpha", "beta")
+    opt = [compute_optimal(C, {k: s[k][i] for k in names}) for i in range(len(s["E"]))]
     q = [50 * (1 - level), 50.0, 50 * (1 + level)]
     return {k: [float(v) for v in np.nanpercentile([o[k] for o in opt], q)] for k in ("N", "D")}
-
-
-def fit_power_law(x, y, delta=1e-3):
-    """Saturating power law y = E + A x^-k (Kaplan et al. 2020's L(C) with an irreducible term, as
-    BigScience fitted loss against compute), fitted like the parametric law: log-space Huber from
-    variable-projection starts."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if x.size < 3 or x.shape != y.shape:
-        raise ValueError("fit_power_law: need at least 3 (x, y) pairs of equal length, got "
-                         f"{x.size} and {y.size}")
-    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and np.all(x > 0) and np.all(y > 0)):
-        raise ValueError("fit_power_law: x and y must be positive and finite")
-    x_ref = np.log(x).mean()
-    X = (np.log(x) - x_ref)[None]
-    best = _multistart(_lse_model(X, np.log(y)), _projection_starts(X, y, np.arange(0.005, 2.0,
-                                                                                    0.005)),
-                       np.ones_like(y), delta)
-    a, e, k = best["theta"]
-    return {"E": math.exp(e), "A": math.exp(a + k * x_ref), "k": float(k),
-            "objective": float(best["objective"]),
-            "converged": bool(best["converged"]), "n_points": int(x.size)}
 
 
 def _compute(p):
@@ -491,7 +333,7 @@ def fit_isoflop(points, tol=0.25):
 SHAPE = {
     "aspect": 64,        # preferred d_model / n_layers, as BERT-base (768/12) and GPT-2 small
     "head_dim": 64,      # BERT's and GPT-2's head size; heads follow the width
-    "multiple_of": 128,  # d_model and ffn_dim step: GPU matmul tiles (BigScience: hidden % 128 == 0)
+    "multiple_of": 128,  # d_model and ffn_dim step: GPU tiles (BigScience: hidden % 128 == 0)
 }
 
 
@@ -522,13 +364,14 @@ def suggest_shape(n_target, preset="base", count="non_embedding", rules=None, **
     for d in range(multiple_of, 64 * 1024 + 1, multiple_of):
         ffn = max(multiple_of, round(ratio * d / multiple_of) * multiple_of)
         for L in range(2, 513):
-            cfg = model.make_config(preset, **{**overrides, "n_layers": L, "d_model": d,
-                                               "n_heads": d // head_dim,
-                                               "ffn_dim": ffn, "vocab_size": vocab})
+            shape = {"n_layers": L, "d_model": d, "n_heads": d // head_dim, "ffn_dim": ffn,
+                     "vocab_size": vocab}
+            cfg = model.make_config(preset, **{**overrides, **shape})
             n = model.count_params(cfg, embeddings=(count == "total"))
             ln_ar = math.log(d / L)
-            score = abs(math.log(n / n_target)) + 0.05 * abs(ln_ar - math.log(aspect)) + \
-                max(0.0, ln_ar - math.log(4 * aspect), math.log(aspect / 4) - ln_ar)
+            # the docstring's score: size first, then the aspect ratio, then sane-shape bounds
+            score = (abs(math.log(n / n_target)) + 0.05 * abs(ln_ar - math.log(aspect))
+                     + max(0.0, ln_ar - math.log(4 * aspect), math.log(aspect / 4) - ln_ar))
             if best is None or score < best[0]:
                 best = (score, cfg)
             if n > 2 * n_target:
@@ -546,13 +389,15 @@ def suggest_shape(n_target, preset="base", count="non_embedding", rules=None, **
 
 
 def train_command(shape, run=None):
-    """The train.py command line for a suggested shape: --model preset plus the shape overrides (and
-    budget). run: any of hours, max_tokens, out, data, seq_len, objective (unset ones are left out)."""
+    """The train.py command line for a suggested shape: --model preset plus the shape overrides
+    (and budget). run: any of hours, max_tokens, out, data, seq_len, objective (unset ones are left
+    out)."""
     run = run or {}
     hours, max_tokens, objective = run.get("hours"), run.get("max_tokens"), run.get("objective")
     seq_len, data, out = run.get("seq_len"), run.get("data"), run.get("out")
     flags = [("model", shape["preset"]), ("n-layers", shape["n_layers"]),
-             ("d-model", shape["d_model"]), ("n-heads", shape["n_heads"]), ("ffn-dim", shape["ffn_dim"]), ("objective", objective),
+             ("d-model", shape["d_model"]), ("n-heads", shape["n_heads"]),
+             ("ffn-dim", shape["ffn_dim"]), ("objective", objective),
              ("max-seq-len", seq_len), ("data", data), ("hours", hours and f"{hours:.4g}"),
              ("max-tokens", max_tokens and int(max_tokens)), ("out", out)]
     return " ".join(["python train.py"] + [f"--{k} {v}" for k, v in flags if v])
@@ -571,8 +416,8 @@ def load_constants(fit_path=None, constants="epoch"):
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{fit_path}: cannot read a fit JSON ({e})") from None
     fit = blob.get("fit", blob)
-    missing = [k for k in ("E", "A", "B", "alpha", "beta") if not isinstance(fit.get(k), (int,
-                                                                                          float))]
+    missing = [k for k in ("E", "A", "B", "alpha", "beta")
+               if not isinstance(fit.get(k), (int, float))]
     if missing:
         raise ValueError(f"{fit_path}: not a scaling.py fit (missing {', '.join(missing)})")
     return {**fit, "N_counts": fit.get("N_counts", "non_embedding"), "name": fit_path,
@@ -612,18 +457,18 @@ def plan(hours, gpu, options=None):
     shape = suggest_shape(float(opt["N"]), preset, count=params["N_counts"], **overrides)
     tok = hours_to_tokens(hours, gpu, shape["flops_per_token"], n_gpus, mfu)
     out = out or f"runs/plan_{shape['n_layers']}x{shape['d_model']}"
+    run = {"hours": hours, "max_tokens": tok["tokens"], "out": out, "data": o["data"],
+           "seq_len": seq_len, "objective": objective}
     return {"hours": hours, "gpu": gpu, "n_gpus": n_gpus, "mfu": mfu, "peak_flops": peak_flops(gpu),
-            "C": C,
-            "constants": params.get("name"), "source": params.get("source"),
-            "N_opt": float(opt["N"]),
-            "D_opt": float(opt["D"]), "tokens_per_param": float(opt["tokens_per_param"]),
-            "loss_opt": float(opt["loss"]), "shape": {k: v for k,
-                                                      v in shape.items() if k != "config"},
+            "C": C, "constants": params.get("name"), "source": params.get("source"),
+            "N_opt": float(opt["N"]), "D_opt": float(opt["D"]),
+            "tokens_per_param": float(opt["tokens_per_param"]), "loss_opt": float(opt["loss"]),
+            # the config dict stays out: plan is saved as JSON (--json) and printed
+            "shape": {k: v for k, v in shape.items() if k != "config"},
             "tokens": tok["tokens"], "tokens_per_sec": tok["tokens_per_sec"],
+            # the law's loss at this shape's N and tokens: usually a little above loss_opt
             "loss_shape": float(predict_loss(shape["N"], tok["tokens"], params)),
-            "command": train_command(shape, {"hours": hours, "max_tokens": tok["tokens"], "out": out,
-                                             "data": o["data"], "seq_len": seq_len,
-                                             "objective": objective})}
+            "command": train_command(shape, run)}
 
 
 def sweep_plan(hours, gpu, options=None):
@@ -635,8 +480,8 @@ def sweep_plan(hours, gpu, options=None):
     (train.py stops at whichever comes first, its schedules follow the nearer one). options: the
     keys of PLAN to change."""
     o = {**PLAN, **(options or {})}
-    n_gpus, mfu, preset, seq_len, objective = (o["n_gpus"], o["mfu"], o["preset"], o["seq_len"],
-                                               o["objective"])
+    n_gpus, mfu, preset = o["n_gpus"], o["mfu"], o["preset"]
+    seq_len, objective = o["seq_len"], o["objective"]
     budgets, sizes, ratio, spread = o["budgets"], o["sizes"], o["ratio"], o["spread"]
     params = o["params"] or load_constants()
     if budgets < 1 or sizes < 1 or ratio <= 1 or spread < 1:
@@ -657,7 +502,9 @@ def sweep_plan(hours, gpu, options=None):
                 continue
             seen.add((shape["n_layers"], shape["d_model"]))
             tokens = C / shape["flops_per_token"]
-            out = f"{o['out_dir']}/C{C:.2g}_L{shape['n_layers']}_d{shape['d_model']}".replace("+", "")
+            # e.g. runs/sweep/C1e19_L8_d512 ("+" of "1e+19" dropped: no odd characters in paths)
+            name = f"C{C:.2g}_L{shape['n_layers']}_d{shape['d_model']}".replace("+", "")
+            out = f"{o['out_dir']}/{name}"
             hours_run = C / per_sec / 3600.0
             runs.append({"C": C, "N": shape["N"], "D": tokens, "hours": hours_run,
                          "shape": {k: v for k, v in shape.items() if k != "config"},
@@ -665,8 +512,7 @@ def sweep_plan(hours, gpu, options=None):
                              "hours": 1.5 * hours_run, "max_tokens": tokens, "out": out,
                              "data": o["data"], "seq_len": seq_len, "objective": objective})})
     return {"C_total": C_total, "hours_total": sum(r["hours"] for r in runs),
-            "constants": params.get("name"),
-            "runs": runs}
+            "constants": params.get("name"), "runs": runs}
 
 
 # -----------------------------------------------------------------------------
@@ -675,8 +521,8 @@ def sweep_plan(hours, gpu, options=None):
 def _read_run(path):
     """Points (N, D = tokens seen, loss = val_loss, C = flops_per_token * D) of one train.py run: a
     folder holding log.jsonl and summary.json, or the log.jsonl itself."""
-    folder, log = (path, os.path.join(path,
-                                      "log.jsonl")) if os.path.isdir(path) else (os.path.dirname(path), path)
+    folder, log = ((path, os.path.join(path, "log.jsonl")) if os.path.isdir(path)
+                   else (os.path.dirname(path), path))
     summary = os.path.join(folder, "summary.json")
     try:
         with open(summary) as f, open(log) as g:
@@ -694,20 +540,21 @@ def _read_run(path):
         except json.JSONDecodeError:
             raise ValueError(f"{log}:{i}: not a JSON object") from None
         if row.get("kind") == "grow":    # N changed during the run: no single (N, D) curve to fit
-            raise ValueError(f"{log}:{i}: this run grew (grow.py); fit runs of one fixed shape "
-                             "only")
+            raise ValueError(f"{log}:{i}: this run grew (grow.py); "
+                             "fit runs of one fixed shape only")
         if row.get("kind") != "eval":
             continue
         D, loss = row.get("tokens"), row.get("val_loss")
-        if not (isinstance(D, (int, float)) and isinstance(loss, (int,
-                                                                  float)) and math.isfinite(loss) and loss > 0):
+        numbers = isinstance(D, (int, float)) and isinstance(loss, (int, float))
+        if not (numbers and math.isfinite(loss) and loss > 0):
             raise ValueError(f"{log}:{i}: eval line needs numeric 'tokens' and a positive finite "
                              "'val_loss'")
         # an evaluation before training has no D
         if D > 0:
+            # C from the model's own FLOPs per token (model.flops_per_token), when summary has it
+            has_fpt = isinstance(fpt, (int, float)) and fpt > 0
             points.append({"N": float(N), "D": float(D), "loss": float(loss), "run_id": folder,
-                           "C": float(fpt) * D if isinstance(fpt, (int,
-                                                                   float)) and fpt > 0 else None,
+                           "C": float(fpt) * D if has_fpt else None,
                            "comparable": info.get("comparable")})
     # A log written by a train.py before resume truncated it can repeat the steps between a
     # checkpoint and a kill: one point per token count, the last logged (the resumed run's), so no
@@ -748,28 +595,38 @@ def read_points(paths):
         points += _read_csv(path) if path.endswith(".csv") else _read_run(path)
     if not points:
         raise ValueError(f"no evaluation points found in {', '.join(paths)}")
-    # Losses of runs on different data, tokenizers, objectives or sequence lengths lie on different
-    # curves.
+    # Runs on different data, tokenizers, objectives or sequence lengths lie on different curves.
     runs = {p["run_id"]: p["comparable"] for p in points if p.get("comparable")}
     for key in sorted({k for c in runs.values() for k in c}):
         values = {json.dumps(c.get(key)) for c in runs.values()}
         if len(values) > 1:
             raise ValueError(f"runs differ in {key} ({', '.join(sorted(values))}): their losses "
-                             "are not comparable; "
-                             "fit runs of one setting at a time")
+                             "are not comparable; fit runs of one setting at a time")
     return points
 
 
-def save_json(obj, path):
-    """Write JSON atomically (temporary file in the same folder, then os.replace).
-    model.atomic_write does the same for every other file; scaling.py keeps its own five lines
-    because fits and plans must not import torch."""
+def _atomic_write(path, write):
+    """Call write(f) on a binary temporary file in path's folder, then os.replace it into place, so
+    a crash never leaves half a file. model.atomic_write does the same for every other file;
+    scaling.py keeps its own few lines because fits, plans and plots must not import torch."""
+    # same folder, so os.replace is a rename within one file system, which is atomic
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        # only after a failed write: a replaced tmp no longer exists
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_json(obj, path):
+    """Write JSON atomically (_atomic_write), creating the folder if needed."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    # the same bytes json.dump(obj, f, indent=2) writes to a text file
+    _atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2).encode()))
 
 
 def plot_fit(points, fit, path):
@@ -802,6 +659,40 @@ def plot_fit(points, fit, path):
     return path
 
 
+def plot_losses(log_path, png_path):
+    """loss.png of a train.py run: training and held-out loss against time from its log.jsonl, a
+    dotted line where the model grew. Returns png_path, or None when matplotlib is not installed
+    (it is optional). Imports neither torch nor model.py, like the rest of this file."""
+    try:
+        import matplotlib
+        # Agg draws to files only: no display needed on a training machine
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    with open(log_path) as f:
+        records = [json.loads(line) for line in f]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    curves = (("train", "loss", "training loss"), ("eval", "val_loss", "held-out loss"))
+    for kind, key, label in curves:
+        # leave out NaN and inf losses: they would break the curve and the axis limits
+        points = [(r["elapsed"], r[key]) for r in records
+                  if r["kind"] == kind and math.isfinite(r[key])]
+        if points:
+            ax.plot(*zip(*points), marker="o" if kind == "eval" else None, label=label)
+    for r in records:
+        # grow.py changed the model here: the loss may jump
+        if r["kind"] == "grow":
+            ax.axvline(r["elapsed"], color="grey", linestyle=":", linewidth=1)
+    ax.set(xlabel="seconds", ylabel="loss (nats per predicted token)",
+           title=os.path.dirname(log_path))
+    ax.legend()
+    fig.tight_layout()
+    _atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
+    plt.close(fig)
+    return png_path
+
+
 # -----------------------------------------------------------------------------
 # Command line
 
@@ -819,30 +710,30 @@ def cmd_plan(args):
         "preset": args.model, "out": args.out, "data": args.data, "seq_len": args.max_seq_len,
         "objective": args.objective})
     s = p["shape"]
-    print(f"budget: {p['hours']:g} h x {p['n_gpus']} {p['gpu']} ({p['peak_flops'] / 1e12:g} "
-          "TFLOP/s bf16 peak) "
+    print(f"budget: {p['hours']:g} h x {p['n_gpus']} {p['gpu']} "
+          f"({p['peak_flops'] / 1e12:g} TFLOP/s bf16 peak) "
           f"at {p['mfu']:.0%} MFU -> C = {p['C']:.3g} FLOPs")
-    print(f"constants: {p['source']}" + (" (--constants "
-                                         f"{p['constants']})" if p["constants"] in PUBLISHED else ""))
-    if p["constants"] in PUBLISHED:
+    published = p["constants"] in PUBLISHED
+    print(f"constants: {p['source']}" + (f" (--constants {p['constants']})" if published else ""))
+    if published:
+        # published constants are for another model family and data: say so every time
         print(f"  caveat: {CAVEAT}")
-    print(f"compute-optimal (C = 6ND): N* = {_si(p['N_opt'])} params, D* = {_si(p['D_opt'])} "
-          "tokens "
-          f"({p['tokens_per_param']:.1f} tokens/param), predicted loss {p['loss_opt']:.3f}")
+    print(f"compute-optimal (C = 6ND): N* = {_si(p['N_opt'])} params, "
+          f"D* = {_si(p['D_opt'])} tokens ({p['tokens_per_param']:.1f} tokens/param), "
+          f"predicted loss {p['loss_opt']:.3f}")
     print(f"shape ({s['preset']} + overrides): {s['n_layers']} layers, d_model {s['d_model']}, "
-          f"{s['n_heads']} heads "
-          f"of 64, ffn_dim {s['ffn_dim']}, vocab {s['vocab_size']} (d_model/n_layers = "
-          f"{s['aspect_ratio']:.0f})")
-    print(f"  params {_si(s['params_total'])} total, {_si(s['params'])} non-embedding (N counted "
-          f"as {s['count']}: "
-          f"{_si(s['N'])}); {s['flops_per_token']:.3g} FLOPs/token (model.flops_per_token)")
+          f"{s['n_heads']} heads of 64, ffn_dim {s['ffn_dim']}, vocab {s['vocab_size']} "
+          f"(d_model/n_layers = {s['aspect_ratio']:.0f})")
+    print(f"  params {_si(s['params_total'])} total, {_si(s['params'])} non-embedding "
+          f"(N counted as {s['count']}: {_si(s['N'])}); "
+          f"{s['flops_per_token']:.3g} FLOPs/token (model.flops_per_token)")
+    # the optimum is flat (Kaplan et al. 2020): only a shape far from N* is worth a note
     if not 0.67 < s["N"] / p["N_opt"] < 1.5:
         print(f"  note: the nearest shape has {s['N'] / p['N_opt']:.2g}x N* (at this size the "
-              "vocabulary embedding "
-              f"dominates the count; a smaller tokenizer vocabulary fits the target better)")
-    print(f"tokens in budget at this shape: {_si(p['tokens'])} ({_si(p['tokens_per_sec'])} "
-          "tokens/s), "
-          f"predicted loss {p['loss_shape']:.3f}")
+              "vocabulary embedding dominates the count; a smaller tokenizer vocabulary fits the "
+              "target better)")
+    print(f"tokens in budget at this shape: {_si(p['tokens'])} "
+          f"({_si(p['tokens_per_sec'])} tokens/s), predicted loss {p['loss_shape']:.3f}")
     print(f"command:\n  {p['command']}")
     if args.json:
         save_json(p, args.json)
@@ -856,14 +747,12 @@ def cmd_sweep(args):
         "data": args.data, "seq_len": args.max_seq_len, "objective": args.objective,
         "out_dir": args.out_dir})
     print(f"IsoFLOP sweep: {len(s['runs'])} runs, {s['C_total']:.3g} FLOPs in "
-          f"{s['hours_total']:.3g} h "
-          f"({args.gpus} {args.gpu} at {args.mfu:.0%} MFU); sizes centred on N* from constants "
-          f"{s['constants']}")
+          f"{s['hours_total']:.3g} h ({args.gpus} {args.gpu} at {args.mfu:.0%} MFU); "
+          f"sizes centred on N* from constants {s['constants']}")
     print(f"{'C (FLOPs)':>10} {'N':>7} {'D':>7} {'D/N':>6} {'hours':>6}  shape")
     for r in s["runs"]:
         print(f"{r['C']:10.3g} {_si(r['N']):>7} {_si(r['D']):>7} {r['D'] / r['N']:6.1f} "
-              f"{r['hours']:6.3g}  "
-              f"{r['shape']['n_layers']}x{r['shape']['d_model']}")
+              f"{r['hours']:6.3g}  {r['shape']['n_layers']}x{r['shape']['d_model']}")
     print("commands:")
     for r in s["runs"]:
         print(f"  {r['command']}")
@@ -880,23 +769,25 @@ def cmd_fit(args):
     boot = bootstrap(points, fit, args.n_boot, args.seed, delta=args.delta)
     iso = fit_isoflop(points)
     front = frontier(points)
-    law = fit_power_law([_compute(p) for p in front],
-                        [p["loss"] for p in front]) if len(front) >= 3 else None
+    # a saturating power law has three parameters: at least three frontier points
+    law = None
+    if len(front) >= 3:
+        law = fit_power_law([_compute(p) for p in front], [p["loss"] for p in front])
     C_max = max(_compute(p) for p in points)
+    # extrapolate at most about 10x beyond the largest run: the band is reported exactly there
     band = allocation_band(10 * C_max, boot)
     ci = boot["intervals"]
     print(f"fit: {fit['n_points']} points from {fit['n_runs']} runs, N = non-embedding params, "
-          f"delta = {args.delta}, "
-          f"{'converged' if fit['converged'] else 'NOT converged'} ({fit['iterations']} LM steps, "
-          f"|grad| {fit['grad_norm']:.1e}), rms log residual {fit['rms_log_residual']:.4f}")
+          f"delta = {args.delta}, {'converged' if fit['converged'] else 'NOT converged'} "
+          f"({fit['iterations']} LM steps, |grad| {fit['grad_norm']:.1e}), "
+          f"rms log residual {fit['rms_log_residual']:.4f}")
     print(f"L(N, D) = E + A/N^alpha + B/D^beta: estimate [{boot['level']:.0%} interval, "
-          f"{args.n_boot} resamples "
-          f"of runs]")
+          f"{args.n_boot} resamples of runs]")
     for k in ("E", "A", "B", "alpha", "beta", "a", "b"):
         lo, med, hi = ci[k]
         print(f"  {k:>5} = {fit[k]:<12.6g} [{lo:.4g}, {hi:.4g}]")
-    print(f"  N* ~ C^{fit['a']:.3f}, D* ~ C^{fit['b']:.3f}; at 10x the largest run (C = "
-          f"{10 * C_max:.3g}): "
+    print(f"  N* ~ C^{fit['a']:.3f}, D* ~ C^{fit['b']:.3f}; "
+          f"at 10x the largest run (C = {10 * C_max:.3g}): "
           f"N* {_si(band['N'][1])} [{_si(band['N'][0])}, {_si(band['N'][2])}], "
           f"D* {_si(band['D'][1])} [{_si(band['D'][0])}, {_si(band['D'][2])}]")
     if iso["a"] is not None:
@@ -908,22 +799,24 @@ def cmd_fit(args):
     if law:
         print(f"frontier L(C) = {law['E']:.4g} + {law['A']:.4g} C^-{law['k']:.4g} "
               f"({law['n_points']} points)")
+    # "_theta" and "_ref" are numpy internals for bootstrap: not JSON, not for readers
     fit_out = {k: v for k, v in fit.items() if not k.startswith("_")}
+    # the resampled parameter sets stay out too: the intervals summarize them
     boot_out = {k: boot[k] for k in ("n_boot", "seed", "level", "n_runs", "converged_fraction")}
+    # N_counts: plan --fit matches shapes by the same parameter count (summary.json's "params")
     blob = {"fit": {**fit_out, "N_counts": "non_embedding"}, "intervals": ci, "bootstrap": boot_out,
-            "isoflop": iso,
-            "frontier_law": law, "allocation_at_10x_max_C": {"C": 10 * C_max, **band},
-            "sources": list(args.runs)}
+            "isoflop": iso, "frontier_law": law,
+            "allocation_at_10x_max_C": {"C": 10 * C_max, **band}, "sources": list(args.runs)}
     save_json(blob, args.out)
     png = plot_fit(points, fit, os.path.splitext(args.out)[0] + ".png")
-    print(f"saved {args.out}" + (f" and {png}" if png else " (no plot: matplotlib is not "
-                                                           "installed)"))
+    print(f"saved {args.out}"
+          + (f" and {png}" if png else " (no plot: matplotlib is not installed)"))
 
 
 def check_args(parser, args):
     """One-line errors (usage line + error) for numbers that parse but plan or fit nothing."""
-    rules = [("hours", lambda v: v > 0 and math.isfinite(v), "a positive number"), ("gpus",
-                                                                                    lambda v: v >= 1, ">= 1"),
+    rules = [("hours", lambda v: v > 0 and math.isfinite(v), "a positive number"),
+             ("gpus", lambda v: v >= 1, ">= 1"),
              ("mfu", lambda v: 0 < v <= 1, "in (0, 1]"), ("max_seq_len", lambda v: v >= 4, ">= 4"),
              ("budgets", lambda v: v >= 1, ">= 1"), ("sizes", lambda v: v >= 2, ">= 2"),
              ("ratio", lambda v: v > 1, "> 1"), ("spread", lambda v: v > 1, "> 1"),
@@ -941,8 +834,7 @@ def main(argv=None):
     budget = argparse.ArgumentParser(add_help=False)
     # Budget
     budget.add_argument("--hours", type=float, required=True,
-                        help="wall-clock budget in hours (all runs together "
-                        "for sweep)")
+                        help="wall-clock budget in hours (all runs together for sweep)")
     budget.add_argument("--gpu", required=True,
                         help=f"GPU name ({', '.join(GPU_PEAK_FLOPS)}) or peak FLOP/s")
     budget.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
@@ -954,45 +846,46 @@ def main(argv=None):
     budget.add_argument("--constants", default="epoch", choices=sorted(PUBLISHED),
                         help="published constant set when no --fit (default epoch)")
     # Model and train.py pass-through
-    budget.add_argument("--model", default="base", help="model.py preset the shape overrides "
-                                                        "(default base)")
-    budget.add_argument("--objective", choices=("mlm", "clm"), help="training objective (default: "
-                                                                    "preset's)")
+    budget.add_argument("--model", default="base",
+                        help="model.py preset the shape overrides (default base)")
+    budget.add_argument("--objective", choices=("mlm", "clm"),
+                        help="training objective (default: preset's)")
     budget.add_argument("--max-seq-len", "--seq-len", type=int,
                         help="sequence length in tokens (default: preset's; alias --seq-len)")
     budget.add_argument("--data", help="--data value passed to train.py")
     budget.add_argument("--json", help="also write the plan as JSON to this path")
     short = "scaling.py {} {}[flags]  (--help lists them)".format
-    p = sub.add_parser("plan", parents=[budget], help="N*, D*, a shape and the train.py command "
-                                                      "for a budget",
+    p = sub.add_parser("plan", parents=[budget],
+                       help="N*, D*, a shape and the train.py command for a budget",
                        usage=short("plan", "--hours H --gpu GPU "))
     p.add_argument("--out", help="train.py --out folder (default runs/plan_<layers>x<width>)")
-    s = sub.add_parser("sweep", parents=[budget], help="train.py commands of an IsoFLOP sweep "
-                                                       "spending --hours",
+    s = sub.add_parser("sweep", parents=[budget],
+                       help="train.py commands of an IsoFLOP sweep spending --hours",
                        usage=short("sweep", "--hours H --gpu GPU "))
     s.add_argument("--budgets", type=int, default=3, help="number of compute levels (3)")
     s.add_argument("--sizes", type=int, default=5, help="model sizes per compute level (5)")
     s.add_argument("--ratio", type=float, default=3.0, help="compute ratio between levels (3)")
-    s.add_argument("--spread", type=float, default=3.0, help="sizes span N*/spread .. N*·spread "
-                                                             "(3)")
-    s.add_argument("--out-dir", default="runs/sweep", help="parent folder of the runs' --out "
-                                                           "(runs/sweep)")
-    f = sub.add_parser("fit", help="fit L(N, D) to train.py runs (folders or log.jsonl) or CSV "
-                                   "files",
+    s.add_argument("--spread", type=float, default=3.0,
+                   help="sizes span N*/spread .. N*·spread (3)")
+    s.add_argument("--out-dir", default="runs/sweep",
+                   help="parent folder of the runs' --out (runs/sweep)")
+    f = sub.add_parser("fit",
+                       help="fit L(N, D) to train.py runs (folders or log.jsonl) or CSV files",
                        usage=short("fit", "RUN [RUN ...] "))
-    f.add_argument("runs", nargs="+", help="train.py output folders, their log.jsonl, or CSV (N, D "
-                                           "or C, loss)")
-    f.add_argument("--out", default="fit.json", help="where to save the fit (fit.json; plot beside "
-                                                     "it as .png)")
+    f.add_argument("runs", nargs="+",
+                   help="train.py output folders, their log.jsonl, or CSV (N, D or C, loss)")
+    f.add_argument("--out", default="fit.json",
+                   help="where to save the fit (fit.json; plot beside it as .png)")
     f.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples of runs (200)")
     f.add_argument("--seed", type=int, default=0, help="bootstrap seed (0)")
-    f.add_argument("--delta", type=float, default=1e-3, help="Huber delta on log-loss residuals "
-                                                             "(1e-3)")
+    # Hoffmann et al.'s delta: residuals beyond it count linearly, so outliers weigh less
+    f.add_argument("--delta", type=float, default=1e-3,
+                   help="Huber delta on log-loss residuals (1e-3)")
     f.add_argument("--init", default="projection", choices=("projection", "grid"),
                    help="starting points: variable projection (fast) or Hoffmann et al.'s "
                         "4500-point grid")
-    f.add_argument("--final-only", action="store_true", help="use only the last evaluation of each "
-                                                             "run")
+    f.add_argument("--final-only", action="store_true",
+                   help="use only the last evaluation of each run")
     args = ap.parse_args(argv)
     check_args({"plan": p, "sweep": s, "fit": f}[args.command], args)
     try:

@@ -384,6 +384,40 @@ def test_plot_is_written_when_matplotlib_is_present(tmp_path):
     assert os.path.getsize(path) > 1000
 
 
+def write_loss_log(folder):
+    """A small train.py log.jsonl: train records (one non-finite), evaluations and a growth step."""
+    records = [{"kind": "train", "step": 1, "elapsed": 1.0, "loss": 9.0},
+               {"kind": "eval", "step": 1, "elapsed": 1.5, "val_loss": 8.5},
+               {"kind": "train", "step": 2, "elapsed": 2.0, "loss": float("nan")},
+               {"kind": "grow", "step": 2, "elapsed": 2.5},
+               {"kind": "train", "step": 3, "elapsed": 3.0, "loss": 7.0},
+               {"kind": "eval", "step": 3, "elapsed": 3.5, "val_loss": 7.2}]
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "log.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return path
+
+
+def test_loss_plot_is_written_without_torch_or_model_py(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib is optional; plot_losses needs it to draw")
+    log = write_loss_log(str(tmp_path / "run"))
+    monkeypatch.setitem(sys.modules, "torch", None)              # any `import torch` would now fail
+    monkeypatch.setitem(sys.modules, "model", None)
+    png = str(tmp_path / "run" / "loss.png")
+    assert scaling.plot_losses(log, png) == png
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir(tmp_path / "run")) == ["log.jsonl", "loss.png"]   # no temporary file left
+
+
+def test_loss_plot_returns_none_without_matplotlib(tmp_path, monkeypatch):
+    log = write_loss_log(str(tmp_path / "run"))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)         # makes `import matplotlib` raise ImportError
+    assert scaling.plot_losses(log, str(tmp_path / "run" / "loss.png")) is None
+    assert not os.path.exists(tmp_path / "run" / "loss.png")
+
+
 def test_reader_refuses_runs_that_grew(tmp_path):
     run = str(tmp_path / "grown")
     write_run(run, 1e7, [1e8], extra_lines=['{"kind": "grow", "step": 10, "tokens": 5000}'])

@@ -41,6 +41,7 @@ import grow
 import model
 import parallel
 import planning
+import scaling
 import tokenizer
 from loader import make_loader  # a function: train.py calls its Loader `loader`
 
@@ -763,7 +764,7 @@ def finish(run, state, net, optimizer, loader, status):
     summary["final"] = save_final(run, net)
     sample = samples(run, net)
     if run.rank == 0:
-        summary["plot"] = save_loss_plot(run.log_path, os.path.join(args.out, "loss.png"))
+        summary["plot"] = scaling.plot_losses(run.log_path, os.path.join(args.out, "loss.png"))
         print(sample)
         model.atomic_write(os.path.join(args.out, "summary.json"),
                            lambda f: f.write(json.dumps(summary, indent=2).encode()))
@@ -800,33 +801,6 @@ def summary_text(summary):
         return f"{v:.4g}" if isinstance(v, float) else str(v)
     width = max(map(len, summary))
     return "\n".join(f"{k:>{width}}: {shown(v)}" for k, v in summary.items())
-
-
-def save_loss_plot(log_path, png_path):
-    """loss.png: training and held-out loss against time, when matplotlib is installed
-    (optional)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    with open(log_path) as f:
-        records = [json.loads(line) for line in f]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for kind, key, label in (("train", "loss", "training loss"), ("eval", "val_loss", "held-out loss")):
-        points = [(r["elapsed"], r[key]) for r in records if r["kind"] == kind and math.isfinite(r[key])]
-        if points:
-            ax.plot(*zip(*points), marker="o" if kind == "eval" else None, label=label)
-    for r in records:
-        if r["kind"] == "grow":
-            ax.axvline(r["elapsed"], color="grey", linestyle=":", linewidth=1)
-    ax.set(xlabel="seconds", ylabel="loss (nats per predicted token)", title=os.path.dirname(log_path))
-    ax.legend()
-    fig.tight_layout()
-    model.atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
-    plt.close(fig)
-    return png_path
 
 
 # -----------------------------------------------------------------------------

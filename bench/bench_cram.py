@@ -575,7 +575,7 @@ def parse_args(argv=None):
     p.add_argument("--n-heads", type=int, default=4, help="attention heads (default: 4)")
     p.add_argument("--ffn-dim", type=int, default=512, help="HF's intermediate size (default: 512 = 4 d); ours "
                    "gets the same weights: 2/3 of it for a gated FFN, rounded to a multiple of 32")
-    p.add_argument("--max-seq-len", "--max-seq-len", type=int, default=128, help="tokens per sequence (alias --seq-len)")
+    p.add_argument("--max-seq-len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary (default: 4096)")
     # Batch and evaluation, shared by both models
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per optimizer step (default: 4096)")

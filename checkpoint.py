@@ -14,6 +14,7 @@ shards that every rank writes with PyTorch's Distributed Checkpoint (FSDP, where
 slice), resumable on any number of ranks. Both are written beside the old one and renamed over it,
 so OUT always holds one whole checkpoint.
 """
+import functools
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 import model
 import parallel
+import tokenizer
 
 # A run's files in OUT. Never replaced silently: a new run refuses, --force removes them
 KEPT_FILES = ("checkpoint.pt", "checkpoint.dcp", "log.jsonl", "summary.json", "final")
@@ -149,6 +151,65 @@ def restored_model(ckpt, net, optimizer):
         load_shards(ckpt["folder"], net, optimizer)
         return net
     return load_weights(model.build_model(ckpt["config"]), ckpt)
+
+
+# -----------------------------------------------------------------------------
+# Starting a new run from old weights (--init-from): continued pretraining, a longer budget
+
+@functools.lru_cache(maxsize=1)  # train.py reads it twice: for the settings, then the weights
+def load_init(path):
+    """{"config", "weights", "tokenizer"} of the weights at path, on the CPU: a run's final/ folder
+    (model.py's config.json and model.pt), a resumable checkpoint.pt, or a folder export.py wrote
+    (config.json and model.safetensors). "tokenizer" is the growcram tokenizer.json the weights
+    were trained with, or None when it is not beside them."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    if os.path.isfile(path):  # a resumable checkpoint: its final/ folder, if any, has the tokenizer
+        ckpt = load_file(path)
+        if "model" not in ckpt:
+            raise SystemExit(f"error: --init-from {path}: not a checkpoint.pt with weights")
+        weights, config = ckpt["model"], ckpt["config"]
+        folder = os.path.join(folder, "final")
+    elif os.path.isfile(os.path.join(path, "model.pt")):
+        try:
+            net = model.load_model(path)
+        except ValueError as e:
+            raise SystemExit(f"error: --init-from {e}") from None
+        weights, config = net.state_dict(), net.config
+    elif os.path.isfile(os.path.join(path, "model.safetensors")):
+        import export  # only here: export.py needs safetensors, which training does not
+        try:
+            net = export.load_exported(path)
+        except ValueError as e:
+            raise SystemExit(f"error: --init-from {e}") from None
+        weights, config = net.state_dict(), net.config
+    else:
+        raise SystemExit(f"error: --init-from {path}: no model.pt, model.safetensors or "
+                         "checkpoint.pt there (a Distributed Checkpoint folder: gather it with a "
+                         "finished run's final/)")
+    # export.py writes a Hugging Face tokenizer.json, and keeps ours as growcram_tokenizer.json
+    found = [os.path.join(folder, name) for name in ("growcram_tokenizer.json", "tokenizer.json")]
+    tokenizer = next((f for f in found if os.path.isfile(f) and is_our_tokenizer(f)), None)
+    return {"config": config, "weights": weights, "tokenizer": tokenizer}
+
+
+def is_our_tokenizer(path):
+    """A growcram tokenizer.json, not a Hugging Face one (which has no "format" field)."""
+    try:
+        with open(path) as f:
+            return json.load(f).get("format") == tokenizer.TOKENIZER_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+@functools.lru_cache(maxsize=4)
+def init_config(path):
+    """The model config of the weights at path (load_init's "config"), read once per path."""
+    config_json = os.path.join(path, "config.json")
+    if os.path.isdir(path) and os.path.isfile(config_json):
+        with open(config_json) as f:  # an exported config.json also holds transformers' own keys
+            found = json.load(f)
+        return model.validate_config({k: v for k, v in found.items() if k in model.DEFAULTS})
+    return load_init(path)["config"]
 
 
 # -----------------------------------------------------------------------------

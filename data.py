@@ -762,6 +762,14 @@ def _source_entry(source, weight, chars, splits, report):
             "report": report}
 
 
+def source_lines(meta):
+    """A mixture's sources, a line each: weight, tokens, bytes per token and tokens per word
+    (fertility, Rust et al. 2021), so an over-segmented language shows before training."""
+    return [f"  {s['name'] + ':':16s} weight {s['weight']:.3f}, {s['train_tokens']:,} train / "
+            f"{s['val_tokens']:,} val tokens, {s['bytes_per_token']:.2f} bytes/token, "
+            f"{s['tokens_per_word']:.2f} tokens/word" for s in meta.get("sources", [])]
+
+
 def text_ratios(report, tokens, documents):
     """(bytes per token, tokens per whitespace word) of the kept documents' text, rounded to 4
     digits: the [SEP] after each document is not text, so it is not counted."""
@@ -863,10 +871,8 @@ def main(argv=None):
         _, tokens_per_word = text_ratios(r, meta["train_tokens"] + meta["val_tokens"],
                                          meta["train_documents"] + meta["val_documents"])
         print(f"fertility:       {tokens_per_word:.2f} tokens per whitespace word")
-    for s in meta.get("sources", []):
-        print(f"  {s['name'] + ':':16s} weight {s['weight']:.3f}, {s['train_tokens']:,} train / "
-              f"{s['val_tokens']:,} val tokens, {s['bytes_per_token']:.2f} bytes/token, "
-              f"{s['tokens_per_word']:.2f} tokens/word")
+    for line in source_lines(meta):
+        print(line)
     print(f"summary json:    {os.path.join(meta['dir'], 'meta.json')}")
     return meta
 

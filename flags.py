@@ -172,6 +172,10 @@ def add_system_and_output_flags(p):
     # a bitwise-exact resume needs (checkpoint.py)
     g = p.add_argument_group("output, evaluation and checkpoints")
     g.add_argument("--out", default="runs/cram", help="output folder")
+    g.add_argument("--init-from", default=None, metavar="PATH",
+                   help="start a new run (new budget, new optimizer) from these weights: a run's "
+                   "final/ folder, a checkpoint.pt, or a folder export.py wrote; the shape and the "
+                   "tokenizer come from PATH")
     g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with the "
                    "saved settings (a budget flag given now replaces the saved budget: that "
                    "extends a finished run)")
@@ -245,7 +249,16 @@ def check_args(parser, args):
 
 
 def check_system_args(parser, args):
-    """Sharding, device and output-folder checks: what this machine and FSDP can do."""
+    """--init-from, sharding, device and output-folder checks: what this machine can do."""
+    # --init-from is a new run from old weights: a resume continues the old run instead, and a
+    # growth schedule starts from its own first shape
+    if args.init_from and args.resume:
+        parser.error("--init-from starts a new run; --resume continues the one in --out: give one")
+    if args.init_from and args.grow:
+        parser.error("--init-from takes its shape from PATH; --grow starts from the schedule's "
+                     "first stage: give one")
+    if args.init_from and not os.path.exists(args.init_from):
+        parser.error(f"--init-from {args.init_from}: no such file or folder")
     if args.shard == "fsdp" and args.grow:
         parser.error("--grow needs --shard ddp: the grow operators read and write full weight "
                      "tensors, and unshard-grow-reshard is not implemented")

@@ -16,6 +16,7 @@ import os
 
 import torch
 
+import checkpoint
 import model
 import scaling
 
@@ -42,7 +43,10 @@ def budget_seconds(args):
 
 def model_config(args, vocab_size):
     """The model config of the run (before any growth stage): preset, then the flags
-    that override it."""
+    that override it; with --init-from, the weights' own config."""
+    if args.init_from:  # continued pretraining: the shape is the weights', the masking the run's
+        base = checkpoint.init_config(args.init_from)
+        return model.validate_config({**base, "mask_rate": args.mask_rate, "dropout": 0.0})
     keys = SIZE_KEYS + CHOICE_KEYS
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     if args.embedding_norm:
@@ -105,7 +109,8 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
     --lr left unset, the sentence saying why). args is not changed."""
     n_star, basis, compute = optimal_params(args, flops_per_s, world)
     chosen = {}
-    if args.model == "auto":  # no budget in seconds or tokens: base for a GPU, tiny for a CPU
+    # no budget in seconds or tokens: base for a GPU, tiny for a CPU; --init-from has its shape
+    if args.model == "auto" and not args.init_from:
         chosen["model"] = nearest_preset(n_star) if n_star else "base" if on_gpu else "tiny"
     name = chosen.get("model", args.model)
     # the preset decides the vocabulary and the length unless a flag did: each preset is planned at

@@ -359,6 +359,8 @@ def resolve_settings(args, device, rank, world):
     """(the settings, the checkpoint to resume or None): the flags with the defaults chosen
     for this machine and budget, checked before any work (shape, growth schedule, masking
     at every length)."""
+    if args.init_from:
+        args = settings_from_init(args, checkpoint.load_init(args.init_from))
     try:
         chosen, why = planning.choose_defaults(args, planning.sustained_flops(device), world,
                                                device.type == "cuda")
@@ -384,6 +386,25 @@ def resolve_settings(args, device, rank, world):
     return args, ckpt
 
 
+def settings_from_init(args, init):
+    """--init-from: the weights' shape, vocabulary, objective and positions, and the tokenizer they
+    were trained with (unless --tokenizer names one). A shape flag that contradicts them is a
+    one-line error: the weights could not be loaded into that model."""
+    cfg = init["config"]
+    for key in (*planning.SIZE_KEYS, "max_seq_len", "vocab_size"):
+        given = getattr(args, key)
+        if given is not None and given != cfg[key]:
+            raise SystemExit(f"error: --{key.replace('_', '-')} {given} does not fit --init-from "
+                             f"{args.init_from}: its {key} is {cfg[key]}")
+    if args.tokenizer == "train" and init["tokenizer"] is None:
+        raise SystemExit(f"error: --init-from {args.init_from}: no growcram tokenizer.json beside "
+                         "the weights; give the one they were trained with as --tokenizer FILE")
+    tokenizer_file = init["tokenizer"] if args.tokenizer == "train" else args.tokenizer
+    return argparse.Namespace(**{**vars(args), "tokenizer": tokenizer_file,
+                                 **{k: cfg[k] for k in ("vocab_size", "max_seq_len",
+                                                        "objective", "positions")}})
+
+
 def growth_stages(args, cfg):
     """grow.parse_schedule of --grow toward cfg ([] without growth), as a one-line
     error if invalid."""
@@ -399,6 +420,9 @@ def start_run(args, ckpt, ranks, budget_was):
     device, rank, world = ranks
     meta = prepare_interruptible(args, device, rank, world)
     cfg = planning.model_config(args, meta["n_vocab"])
+    if args.init_from and cfg["vocab_size"] != meta["n_vocab"]:  # another tokenizer was given
+        raise SystemExit(f"error: --tokenizer {args.tokenizer} has {meta['n_vocab']} tokens; the "
+                         f"weights of --init-from {args.init_from} have {cfg['vocab_size']}")
     stages = growth_stages(args, cfg)
     run = Run(args, device, parallel.autocast_dtype(args.dtype, device), rank, world, meta,
               tokenizer.load_tokenizer(meta["tokenizer"]), cfg, stages, Budget(args),
@@ -440,6 +464,8 @@ def prepare(args, device, rank, world):
             meta = data.prepare_data(args.data, args.cache, settings, progress=True)
         except (ValueError, OSError) as e:
             raise SystemExit(f"error: {e}") from None
+        for line in data.source_lines(meta):  # a mixture: each source's fertility, as data.py's
+            print(line)
     if world > 1:
         torch.distributed.barrier()
         if rank != 0:
@@ -465,6 +491,9 @@ def build(run, ckpt):
     # and the optimizer is made after (under FSDP its moments are shaped like the shards)
     if ckpt:
         checkpoint.load_weights(net, ckpt)
+    elif args.init_from:  # a new run from old weights: new optimizer, new budget, new data order
+        net.load_state_dict(checkpoint.load_init(args.init_from)["weights"])
+        run.say(f"starting from the weights of {args.init_from}")
     net = parallel.wrap(net.train(), args, run.device, run.world)
     optimizer = make_optimizer(model.unwrap(net), args, run.device)
     settings = {"objective": args.objective, "seed": args.seed, "rank": run.rank,

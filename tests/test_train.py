@@ -490,3 +490,45 @@ def test_grow_auto_with_a_flat_threshold_waits_for_the_deadlines(sample_cache, t
 def test_embedding_norm_can_be_switched_off(sample_cache, tmp_path):
     run(sample_cache, tmp_path, "--max-steps", "1", "--embedding-norm", "off")
     assert json.loads((tmp_path / "final" / "config.json").read_text())["embedding_norm"] is False
+
+
+# --- starting a new run from old weights (--init-from) ---------------------------------------
+
+def test_init_from_a_finished_run_starts_where_it_ended(sample_cache, tmp_path):
+    first = run(sample_cache, tmp_path / "first", "--max-steps", "20")
+    for source in (tmp_path / "first" / "final", tmp_path / "first" / "checkpoint.pt"):
+        out = tmp_path / f"from_{source.name}"
+        second = run(sample_cache, out, "--max-steps", "5", "--init-from", str(source))
+        start = read_log(out)[0]
+        # the same weights on the same held-out batches: the new run starts at the old one's loss
+        assert start["kind"] == "eval" and start["step"] == 0
+        assert start["val_loss"] == pytest.approx(first["final_val_loss"], abs=1e-6)
+        assert second["steps"] == 5 and second["final_val_loss"] < start["val_loss"] + 0.05
+        saved = json.loads((out / "args.json").read_text())
+        assert saved["init_from"] == str(source) and saved["tokenizer"].endswith("tokenizer.json")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--n-layers", "3"], "--n-layers 3 does not fit --init-from"),
+    (["--vocab-size", "1024"], "--vocab-size 1024 does not fit --init-from"),
+    (["--resume"], "--init-from starts a new run; --resume continues"),
+    (["--grow", "compound"], "--init-from takes its shape from PATH"),
+])
+def test_init_from_refuses_what_does_not_fit_in_one_line(sample_cache, tmp_path, capsys, argv,
+                                                         message):
+    run(sample_cache, tmp_path / "first", "--max-steps", "2")
+    capsys.readouterr()  # the first run's output
+    with pytest.raises(SystemExit) as stop:
+        run(sample_cache, tmp_path / "second", "--max-steps", "2", "--init-from",
+            str(tmp_path / "first" / "final"), *argv)
+    said = capsys.readouterr().err.strip().splitlines() or [str(stop.value.code)]
+    assert message in said[-1]  # one line: the parser's (exit 2) or an error: line (exit text)
+    assert not (tmp_path / "second" / "log.jsonl").exists()
+
+
+def test_init_from_a_path_that_is_not_there_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        flags.parse_args(["--max-steps", "1", "--init-from", str(tmp_path / "nope")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--init-from" in err and "no such file or folder" in err
+

@@ -16,8 +16,9 @@ which the tests use. The clock starts once the data is prepared, the model built
 measured (as cramming's timer starts after loading); from then on it counts everything: compilation,
 evaluations, growth and checkpoints.
 
-Other files do the rest: planning.py chooses the defaults, data.py prepares the corpus, loader.py
-serves batches, model.py is the network, parallel.py the ranks, checkpoint.py saving and resuming.
+Other files do the rest: flags.py reads the command line, planning.py chooses the defaults, data.py
+prepares the corpus, loader.py serves batches, model.py is the network, parallel.py the ranks, and
+checkpoint.py saves and resumes.
 Output in --out: log.jsonl (one line per logged step, evaluation and growth), checkpoint.pt (or the
 folder checkpoint.dcp/ under FSDP), final/ (model.py's folder with tokenizer.json and meta.json),
 loss.png and summary.json (also printed).
@@ -71,8 +72,7 @@ def train(args, budget_was=None):
             status = "budget spent" if p >= 1.0 else "preempted"
             break
 
-        # ---- grow: the next stage starts at its budget fraction, or when this stage's loss
-        # flattens
+        # ---- grow: the next stage starts at its budget fraction, or when the loss flattens
         if state.stage + 1 < len(run.stages):
             if args.grow_when == "auto" and p >= state.next_check:
                 check_growth(run, state, net, p)

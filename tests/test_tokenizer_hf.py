@@ -1,5 +1,5 @@
-"""Spec for tokenizer.save_hf_tokenizer: the Hugging Face fast tokenizer it writes gives the ids of our
-tiktoken encoding, through transformers' AutoTokenizer from a local folder (no network).
+"""Spec for tokenizer.save_hf_tokenizer: the Hugging Face fast tokenizer it writes gives the ids of
+our tiktoken encoding, through transformers' AutoTokenizer from a local folder (no network).
 
     python -m pytest -q tests/test_tokenizer_hf.py
 """
@@ -10,15 +10,15 @@ import random
 import pytest
 import tiktoken
 
-pytest.importorskip("tokenizers", reason="save_hf_tokenizer needs Hugging Face tokenizers (optional)")
-transformers = pytest.importorskip("transformers", reason="AutoTokenizer needs transformers (optional)")
+pytest.importorskip("tokenizers", reason="save_hf_tokenizer needs tokenizers (optional)")
+transformers = pytest.importorskip("transformers", reason="AutoTokenizer needs transformers")
 
 import data  # noqa: E402  (after the skips: only run with the optional packages)
 import evaluate_glue  # noqa: E402
 import tokenizer  # noqa: E402
 
-# text that a plain-English corpus lacks: accents, emoji (with joiners), \r\n, runs of spaces and tabs,
-# Unicode spaces, controls, combining marks, other scripts, contractions and long numbers
+# text that a plain-English corpus lacks: accents, emoji (with joiners), \r\n, runs of spaces and
+# tabs, Unicode spaces, controls, combining marks, other scripts, contractions and long numbers
 UNUSUAL = [
     "naïve café, déjà vu — Ærøskøbing, Straße, ÅNGSTRÖM, señor",
     "emoji 🙂🙃👍🏽 family 👨‍👩‍👧‍👦 flags 🇫🇷🇯🇵 ♥️",
@@ -81,7 +81,7 @@ def assert_same(enc, tok, texts):
     assert [tok.decode(w) for w in want] == texts
 
 
-# ---------------------------------------------------------------------------------------------- the sample corpus
+# ------------------------------------------------------------------------------- the sample corpus
 
 def test_every_document_of_the_sample_corpus_encodes_as_tiktoken_does(sample):
     enc, tok, docs = sample
@@ -94,7 +94,8 @@ def test_pairs_read_cls_a_sep_b_sep_as_evaluate_glue_builds_them(sample):
     a, b = [d[1000:1400] for d in docs[:2]], [d[5000:5300] for d in docs[2:4]]
     got = tok(a, b)
     ids = tokenizer.special_ids(enc)
-    want = [evaluate_glue.join_pair(enc.encode_ordinary(x), enc.encode_ordinary(y), ids, max_len=10**6)
+    join = evaluate_glue.join_pair
+    want = [join(enc.encode_ordinary(x), enc.encode_ordinary(y), ids, max_len=10**6)
             for x, y in zip(a, b)]
     assert got["input_ids"] == want
     # our models have no segment embeddings: transformers must not pass token_type_ids to them
@@ -116,20 +117,23 @@ def test_files_are_written_atomically_and_the_special_ids_are_ours(sample, tmp_p
     enc, _, _ = sample
     tok = save_and_load(enc, tmp_path, max_length=128)
     tok = save_and_load(enc, tmp_path, max_length=128)  # over an existing folder
-    assert sorted(os.listdir(tmp_path)) == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(tmp_path)) == ["special_tokens_map.json", "tokenizer.json",
+                                            "tokenizer_config.json"]
     config = json.load(open(tmp_path / "tokenizer_config.json"))
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "unk_token" not in config
     assert tok.model_max_length == 128 and len(tok) == enc.n_vocab
     assert {s: tok.convert_tokens_to_ids(s) for s in enc.special_tokens_set} == \
         {s: enc.encode_single_token(s) for s in enc.special_tokens_set}
     ids = tokenizer.special_ids(enc)
-    assert (tok.pad_token_id, tok.cls_token_id, tok.sep_token_id) == (ids["pad"], ids["cls"], ids["sep"])
+    assert [tok.pad_token_id, tok.cls_token_id, tok.sep_token_id] == [ids["pad"], ids["cls"],
+                                                                      ids["sep"]]
     # special strings in text are specials, as enc.encode(text, allowed_special="all") makes them
     text = "a[CLS]b [SEP] c[PAD][RESERVED_0]"
-    assert tok(text, add_special_tokens=False)["input_ids"] == enc.encode(text, allowed_special="all")
+    want = enc.encode(text, allowed_special="all")
+    assert tok(text, add_special_tokens=False)["input_ids"] == want
 
 
-# ---------------------------------------------------------------------------------------------- other tokenizers
+# -------------------------------------------------------------------------------- other tokenizers
 
 def test_unusual_bytes_encode_as_tiktoken_does(unusual_enc, tmp_path):
     tok = save_and_load(unusual_enc, tmp_path)
@@ -141,15 +145,14 @@ def test_stock_encodings_with_their_own_split_pattern_and_specials(name, monkeyp
     """stock_tokenizer(name) as built from tiktoken's own recipe (pattern, specials and their ids),
     with ranks trained here on that pattern, as the real ranks cannot be downloaded."""
     import tiktoken_ext.openai_public as openai_public
-    bytes_only = {bytes([i]): i for i in range(256)}
-    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *a, **k: bytes_only)
-    monkeypatch.setattr(openai_public, "data_gym_to_mergeable_bpe_ranks", lambda *a, **k: bytes_only)
-    pattern = getattr(openai_public, name)()["pat_str"]
+    def recipe_with(ranks):  # tiktoken's recipe for name, its downloads replaced by ranks
+        for loader in ["load_tiktoken_bpe", "data_gym_to_mergeable_bpe_ranks"]:
+            monkeypatch.setattr(openai_public, loader, lambda *a, **k: ranks)
+        return getattr(openai_public, name)()
+    pattern = recipe_with({bytes([i]): i for i in range(256)})["pat_str"]
     docs = [d[:20000] for d in data.iter_documents(data.SAMPLE_CORPUS)] + UNUSUAL * 20
     ranks = tokenizer.train_tokenizer(docs, 1024, pattern=pattern)._mergeable_ranks
-    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *a, **k: ranks)
-    monkeypatch.setattr(openai_public, "data_gym_to_mergeable_bpe_ranks", lambda *a, **k: ranks)
-    recipe = {k: v for k, v in getattr(openai_public, name)().items() if k != "explicit_n_vocab"}
+    recipe = {k: v for k, v in recipe_with(ranks).items() if k != "explicit_n_vocab"}
     monkeypatch.setattr(tiktoken, "get_encoding", lambda n: tiktoken.Encoding(**recipe))
     enc = tokenizer.stock_tokenizer(name)
     tok = save_and_load(enc, tmp_path)
@@ -167,8 +170,17 @@ def test_a_token_that_no_merge_reaches_comes_only_from_a_piece_that_is_exactly_i
 
 
 def test_an_encoding_without_our_specials_is_a_one_line_error(tmp_path):
-    plain = tiktoken.Encoding("plain", pat_str=r"\S+|\s+", mergeable_ranks={bytes([i]): i for i in range(256)},
-                              special_tokens={})
-    with pytest.raises(ValueError, match=r"plain: no \[PAD\] \[CLS\] \[SEP\] \[MASK\]; supported: ") as e:
+    ranks = {bytes([i]): i for i in range(256)}
+    plain = tiktoken.Encoding("plain", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens={})
+    message = r"plain: no \[PAD\] \[CLS\] \[SEP\] \[MASK\]; supported"
+    with pytest.raises(ValueError, match=message) as e:
         tokenizer.save_hf_tokenizer(plain, str(tmp_path))
     assert "\n" not in str(e.value) and os.listdir(tmp_path) == []
+
+
+def test_a_split_pattern_that_tokenizers_reads_differently_is_a_one_line_error(tmp_path):
+    """`$` ends the text in tiktoken's regex engine but any line in Oniguruma (tokenizers')."""
+    enc = tokenizer.train_tokenizer(["word  \n next  \n b"] * 50, 320, pattern=r"\s+$|\s+|\S+")
+    with pytest.raises(ValueError, match="growcram: tokenizers splits text differently") as e:
+        tokenizer.save_hf_tokenizer(enc, str(tmp_path / "hf"))
+    assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "hf")

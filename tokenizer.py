@@ -4,13 +4,15 @@
     save_tokenizer(enc, "tokenizer.json")           # plain JSON, no pickle
     enc = load_tokenizer("tokenizer.json")
     enc = stock_tokenizer("gpt2")                   # or a stock tiktoken encoding plus our specials
+    save_hf_tokenizer(enc, "hf")                    # the same tokenizer for transformers
     ids = enc.encode_ordinary("some text")          # never emits a special token
     sep = special_ids(enc)["sep"]                   # specials go in by id: pad, cls, sep, mask
 
 The vocabulary is laid out as ids 0 .. n_ordinary(enc) - 1 for the 256 bytes and the learned merges
 (a token's id is its merge rank), then [PAD] [CLS] [SEP] [MASK], then [RESERVED_i] ids that pad
 n_vocab up to a multiple of 64. Training needs rustbpe; everything else needs only tiktoken and the
-standard library, so this file can be copied into another project on its own.
+standard library (save_hf_tokenizer: also Hugging Face `tokenizers`), so this file can be copied
+into another project on its own.
 """
 import base64
 import json
@@ -122,11 +124,15 @@ def save_tokenizer(enc, path):
            "special_tokens": {s: enc.encode_single_token(s) for s in specials},
            # bytes are not JSON: base64
            "ranks": [base64.b64encode(b).decode("ascii") for b in by_rank]}
+    _write_atomic(path, json.dumps(doc, indent=1))
+
+
+def _write_atomic(path, text):
     # written beside path and renamed into place (atomic in one folder): a crash never leaves half a
     # file
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
-        f.write(json.dumps(doc, indent=1).encode("utf-8"))
+        f.write(text.encode("utf-8"))
     os.replace(tmp, path)
 
 
@@ -159,3 +165,114 @@ def load_tokenizer(path):
     if enc.n_vocab != doc.get("n_vocab") or missing:
         raise ValueError(f"{path}: corrupt tokenizer file (n_vocab or special tokens do not match)")
     return enc
+
+
+# -------------------------------------------------------------------------------------------------
+# Hugging Face: the same tokenizer as a `tokenizers` byte-level BPE, for transformers' AutoTokenizer
+
+HF_SUPPORTED = "our trained BPE (train_tokenizer, load_tokenizer), gpt2 and cl100k_base"
+# how transformers finds the specials (tokenizer_config.json and special_tokens_map.json)
+HF_SPECIAL_NAMES = {"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                    "mask_token": "[MASK]"}
+
+
+def save_hf_tokenizer(enc, folder, max_length=None):
+    """folder/tokenizer.json, tokenizer_config.json and special_tokens_map.json: a fast tokenizer
+    that AutoTokenizer.from_pretrained(folder) loads, with the ids of enc. tok(a) gives
+    [CLS] a [SEP] and tok(a, b) [CLS] a [SEP] b [SEP], as our models read text (loader.py,
+    evaluate_glue.py); add_special_tokens=False gives enc.encode_ordinary's ids.
+    Needs `tokenizers`. max_length: the model's positions, saved as model_max_length."""
+    tok = _hf_tokenizer(enc)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **HF_SPECIAL_NAMES,
+              # our models have no segment embeddings, so no token_type_ids
+              "model_input_names": ["input_ids", "attention_mask"],
+              # decode returns the text as it was ("a ." stays "a ."), as enc.decode does
+              "clean_up_tokenization_spaces": False}
+    # no unk_token: every byte is a token, so nothing is unknown
+    if max_length is not None:
+        config["model_max_length"] = int(max_length)
+    os.makedirs(folder, exist_ok=True)
+    _write_atomic(os.path.join(folder, "tokenizer.json"), tok.to_str(pretty=True))
+    for name, doc in [("tokenizer_config.json", config),
+                      ("special_tokens_map.json", HF_SPECIAL_NAMES)]:
+        _write_atomic(os.path.join(folder, name), json.dumps(doc, indent=1))
+
+
+def _hf_tokenizer(enc):
+    """enc as a tokenizers.Tokenizer: byte-level BPE, our split regex, our specials and ids."""
+    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
+                            processors)
+    missing = [s for s in SPECIAL_TOKENS if s not in enc.special_tokens_set]
+    if missing:
+        raise ValueError(f"{enc.name}: no {' '.join(missing)}; supported: {HF_SUPPORTED}")
+    vocab, merges = _hf_vocab_and_merges(enc)
+    specials = sorted(enc.special_tokens_set, key=enc.encode_single_token)
+    ids = {s: enc.encode_single_token(s) for s in specials}
+    # an added token takes the model's id for it, else the next free one: listing the specials in
+    # the vocabulary keeps our ids (and gaps, as cl100k_base has) (tokenizers added_vocabulary.rs)
+    vocab.update(ids)
+    # ignore_merges: a piece that is a whole token becomes that token, as in tiktoken (lib.rs)
+    tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=True))
+    try:
+        split = pre_tokenizers.Split(Regex(enc._pat_str), behavior="isolated")
+    except Exception as e:  # tokenizers' regex engine (Oniguruma) cannot compile the pattern
+        raise ValueError(f"{enc.name}: split pattern not supported by tokenizers ({e}); "
+                         f"supported: {HF_SUPPORTED}") from None
+    # the regex cuts text into pieces as tiktoken does, then ByteLevel maps each byte to a character
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    # [MASK] takes the spaces before it (lstrip, as RoBERTa's <mask>): in training a masked token
+    # was a whole " word" with its space, and model.fill_mask drops that space the same way
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False, lstrip=s == "[MASK]")
+                            for s in specials])
+    cls, sep = ids["[CLS]"], ids["[SEP]"]
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:0 [SEP]:0",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    # a split pattern that Oniguruma reads differently from tiktoken's fancy-regex shows up here
+    probe = "It's 2024: café, 日本語 🙂 ok?!\r\n\t  x 'LL  \u00a0\u3000y  \n b \r\n\n"
+    if tok.encode(probe, add_special_tokens=False).ids != enc.encode_ordinary(probe):
+        raise ValueError(f"{enc.name}: tokenizers splits text differently from tiktoken; "
+                         f"supported: {HF_SUPPORTED}")
+    return tok
+
+
+def _hf_vocab_and_merges(enc):
+    """tiktoken ranks -> a `tokenizers` BPE vocab {str: id} and merges [(str, str)], rank order."""
+    ranks = {b: enc.encode_single_token(b) for b in enc.token_byte_values()}
+    char = _byte_to_char()
+    def text(token):
+        return "".join(char[b] for b in token)
+    merges = []
+    # merge i of a tokenizers BPE is applied before merge i + 1, as rank r before rank r + 1
+    for token in sorted(ranks, key=ranks.get):
+        parts = _bpe_split(token, ranks) if len(token) > 1 else None
+        if parts:
+            merges.append((text(parts[0]), text(parts[1])))
+    return {text(b): r for b, r in ranks.items()}, merges
+
+
+def _bpe_split(token, ranks):
+    """The two tokens whose merge makes token when tiktoken encodes its bytes, or None when that
+    never happens (then only a piece that is exactly token gives it, in both libraries)."""
+    parts = [token[i:i + 1] for i in range(len(token))]
+    while len(parts) > 2:
+        # tiktoken's byte_pair_merge (lib.rs): merge the adjacent pair whose concatenation has the
+        # lowest rank, the leftmost one on a tie
+        pairs = [(ranks[a + b], i) for i, (a, b) in enumerate(zip(parts, parts[1:]))
+                 if a + b in ranks]
+        if not pairs:
+            return None
+        _, i = min(pairs)
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts
+
+
+def _byte_to_char():
+    """GPT-2's bytes_to_unicode (openai/gpt-2 src/encoder.py), the alphabet of `tokenizers`'
+    ByteLevel: a printable Latin-1 byte stands for itself, the other 68 for chr(256), chr(257)..."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}

@@ -409,9 +409,6 @@ def write_hf_tokenizer(checkpoint, folder, cfg):
     if not os.path.isfile(path):
         return
     import tokenizer
-    if not hasattr(tokenizer, "save_hf_tokenizer"):     # an older tokenizer.py
-        print("note: tokenizer not exported (tokenizer.py has no save_hf_tokenizer)")
-        return
     enc = tokenizer.load_tokenizer(path)
     tokenizer.save_hf_tokenizer(enc, folder, max_length=cfg["max_seq_len"])
 

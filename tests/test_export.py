@@ -253,3 +253,23 @@ def test_a_failure_midway_leaves_no_folder(tmp_path, monkeypatch):
     with pytest.raises(ZeroDivisionError):
         export.export(str(ck), str(tmp_path / "hf"))
     assert os.listdir(tmp_path) == ["ck"]
+
+
+def test_glue_save_model_exports_a_named_classifier(tmp_path, enc):
+    import evaluate_glue
+    ck = save_checkpoint(seeded_model(tiny(vocab_size=enc.n_vocab)), enc, tmp_path / "ck")
+    rows = [f"the cat sat {i}\t{['neg', 'pos'][i % 2]}" for i in range(12)]
+    (tmp_path / "mood.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    evaluate_glue.evaluate(ck, None, {"task_file": str(tmp_path / "mood.tsv"), "seeds": 1,
+                                      "epochs": 1, "batch_size": 4, "progress": False,
+                                      "save_model": str(tmp_path / "tuned")})
+    saved = tmp_path / "tuned" / "mood"
+    assert json.loads((saved / "labels.json").read_text()) == ["neg", "pos"]
+    out = export.export(str(saved), str(tmp_path / "hf")) and str(tmp_path / "hf")
+    hf = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True).eval()
+    assert hf.config.id2label == {0: "neg", 1: "pos"}
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    inputs = tok(["the cat sat", "the dog ran in the park."], padding=True, return_tensors="pt")
+    net = model.load_model(str(saved)).eval()
+    with torch.no_grad():
+        assert torch.allclose(hf(**inputs).logits, net.classify(**inputs)["logits"], atol=1e-4)

@@ -57,6 +57,8 @@ AUTO_CLASSES = {"mlm": ("AutoModelForMaskedLM", "GrowcramForMaskedLM"),
 
 def need_hf():
     """transformers and safetensors, or a one-line ValueError saying how to get them."""
+    # Imported here, not at the top: growcram trains and evaluates without them, and a user who
+    # only exports gets one line naming the packages rather than a traceback at import.
     try:
         import safetensors.torch  # noqa: F401
         import transformers
@@ -107,6 +109,8 @@ def read_checkpoint(folder):
 
 def read_labels(folder, cfg):
     """Class names for a classifier: labels.json (evaluate_glue.py --save-model) or LABEL_i."""
+    # Our checkpoints store class ids only; the names come from the task's "classes" list (the
+    # GLUE TSV label strings, in evaluate_glue.py's id order), so id2label reads "entailment".
     path = os.path.join(folder, "labels.json")
     names = None
     if os.path.isfile(path):
@@ -121,6 +125,8 @@ def read_labels(folder, cfg):
 
 def kind_of(cfg):
     """mlm, clm or cls: which transformers head class a checkpoint becomes."""
+    # A classifier keeps its pretraining objective in the config, but its useful output is the
+    # classify() head, so the head decides (a GLUE checkpoint is "cls", whatever trunk it has).
     return "cls" if cfg["num_labels"] else cfg["objective"]
 
 
@@ -142,6 +148,9 @@ def network_source():
     with open(model.__file__, encoding="utf-8") as f:
         src = f.read()
     lines = src.splitlines(keepends=True)
+    # The syntax tree gives each top-level statement's exact lines; deleting from the end keeps
+    # the earlier line numbers valid. Everything else is model.py byte for byte, so the exported
+    # network can never drift from the one that was trained.
     for node in reversed(ast.parse(src).body):
         is_main = isinstance(node, ast.FunctionDef) and node.name == "main"
         if is_main or (isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)):
@@ -155,7 +164,8 @@ def network_source():
 # modeling_growcram.py: transformers' classes around the copied network. Kept here as text (not as
 # a second module) because it imports transformers at the top, as remote code must, and growcram
 # must import without transformers.
-MODELING = '''"""modeling_growcram.py: growcram's Transformer (growcram_model.py) as transformers models.
+MODELING = '''"""modeling_growcram.py: growcram's Transformer (growcram_model.py) as transformers
+models.
 
 Written by growcram's export.py. Load with trust_remote_code=True; the weights in model.safetensors
 are the plain growcram state dict, under the prefix "growcram." here.
@@ -258,11 +268,15 @@ class GrowcramForSequenceClassification(GrowcramPreTrainedModel):
 
 def remote_config(cfg, kind, labels):
     """config.json for the wrapper classes: our keys under "growcram", the auto_map, the labels."""
+    # auto_map is how the Auto classes find remote code: "file.Class" inside this folder
+    # (transformers' custom-models guide). Our keys go under one name, not at the top level,
+    # because PretrainedConfig owns some of them (vocab_size, num_labels, derived from id2label).
     auto, wrapper = AUTO_CLASSES[kind]
     doc = {"model_type": "growcram", "architectures": [wrapper],
            "auto_map": {"AutoConfig": "modeling_growcram.GrowcramConfig",
                         auto: f"modeling_growcram.{wrapper}"},
            "growcram": cfg}
+    # transformers names the classes in pipelines and model cards from id2label / label2id
     if labels:
         doc["id2label"] = dict(enumerate(labels))
         doc["label2id"] = {name: i for i, name in enumerate(labels)}
@@ -282,6 +296,8 @@ def gpt2_weights(cfg, state):
     """Our state dict in GPT2LMHeadModel's names. Conv1D stores (in, out), nn.Linear (out, in): each
     matrix is transposed. The embedding keeps its vocab_size real rows (padding rows dropped)."""
     V = cfg["vocab_size"]
+    # GPT-2's output is wte (tied) or lm_head, each with vocab_size rows; the rows we pad to a
+    # multiple of 64 are never inputs and only add scores nobody reads, so they are left out.
     out = {"transformer.wte.weight": state["tok_emb.weight"][:V],
            "transformer.wpe.weight": state["pos_emb.weight"],
            "transformer.ln_f.weight": state["final_norm.weight"],
@@ -300,6 +316,8 @@ def gpt2_weights(cfg, state):
 
 def gpt2_config(cfg, ids):
     """GPT2Config's keys for cfg; ours stay under "growcram" so load_exported reads them back."""
+    # activation "gelu" is the exact erf GELU (transformers' ACT2FN), as F.gelu in model.py; GPT-2's
+    # own default, gelu_new, is the tanh approximation and would not match.
     return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
             "vocab_size": cfg["vocab_size"], "n_positions": cfg["max_seq_len"],
             "n_embd": cfg["d_model"], "n_layer": cfg["n_layers"], "n_head": cfg["n_heads"],
@@ -313,6 +331,7 @@ def gpt2_config(cfg, ids):
 def from_gpt2(cfg, weights):
     """The inverse of gpt2_weights: our state dict, with zero rows for the vocabulary's padding."""
     V, padded = cfg["vocab_size"], model.padded_vocab_size(cfg)
+    # Zero rows give the padding ids a score of 0: never inputs, and fill_mask/generate skip them.
     pad = lambda w: torch.cat([w, w.new_zeros(padded - V, w.shape[1])])  # noqa: E731
     state = {"tok_emb.weight": pad(weights["transformer.wte.weight"]),
              "pos_emb.weight": weights["transformer.wpe.weight"],
@@ -339,6 +358,7 @@ def export(checkpoint, out, force=False):
     from safetensors.torch import save_file
     net = read_checkpoint(checkpoint)
     cfg, kind = net.config, kind_of(net.config)
+    # Refuse before writing anything: --force on the checkpoint itself would delete it.
     out, checkpoint = os.path.abspath(out), os.path.abspath(checkpoint)
     if checkpoint == out or checkpoint.startswith(out + os.sep):
         raise ValueError(f"{out}: would overwrite the checkpoint; choose another OUT")
@@ -346,14 +366,17 @@ def export(checkpoint, out, force=False):
         raise ValueError(f"{out}: exists and is not empty; pass --force to replace it")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"{out}: exists and is not a folder")
+    # safetensors stores contiguous tensors with no shared memory (its "torch shared tensors" rule);
+    # a tied model has one embedding tensor in its state dict, so nothing is shared here.
     state = {k: t.contiguous() for k, t in net.state_dict().items()}
-    ids = tokenizer_ids(checkpoint)
+    ids, n_ordinary = tokenizer_ids(checkpoint)
     # Everything is written into a temporary folder beside OUT and renamed into place at the end:
-    # an export that fails halfway leaves no half-written OUT (the same rename as model.atomic_write).
+    # an export that fails halfway leaves no half-written OUT (model.atomic_write's rename).
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.", suffix=".tmp")
     try:
+        # The one config family that is a stock architecture loads without remote code.
         if is_gpt2(cfg):
             doc = gpt2_config(cfg, ids)
             save_file(gpt2_weights(cfg, state), os.path.join(tmp, "model.safetensors"),
@@ -361,6 +384,7 @@ def export(checkpoint, out, force=False):
         else:
             doc = remote_config(cfg, kind, read_labels(checkpoint, cfg) if cfg["num_labels"]
                                 else None)
+            # pad/cls/sep/mask_token_id: what pipelines and data collators look up in the config
             doc.update({f"{name}_token_id": i for name, i in ids.items()})
             save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
             write_text(tmp, "growcram_model.py", network_source())
@@ -368,8 +392,8 @@ def export(checkpoint, out, force=False):
         doc["transformers_version"] = transformers.__version__
         write_text(tmp, "config.json", json.dumps(doc, indent=2))
         if kind == "clm":
-            write_text(tmp, "generation_config.json", json.dumps(generation_config(ids, cfg),
-                                                                 indent=2))
+            gen = generation_config(ids, n_ordinary, cfg)
+            write_text(tmp, "generation_config.json", json.dumps(gen, indent=2))
         write_hf_tokenizer(checkpoint, tmp, cfg)
         write_text(tmp, "README.md", model_card(checkpoint, cfg, kind, is_gpt2(cfg)))
         replace_folder(tmp, out)
@@ -385,6 +409,8 @@ def write_text(folder, name, text):
 
 def replace_folder(tmp, out):
     """Rename tmp to out; an old out (force) is moved aside first and deleted after."""
+    # os.replace cannot put a folder over a non-empty one, so the old one steps aside first; both
+    # renames stay in OUT's parent folder (one file system), which makes each one atomic.
     old = None
     if os.path.exists(out):
         old = tempfile.mkdtemp(dir=os.path.dirname(out), prefix=".old.", suffix=".tmp")
@@ -395,12 +421,14 @@ def replace_folder(tmp, out):
 
 
 def tokenizer_ids(checkpoint):
-    """{"pad", "cls", "sep", "mask"} -> id from the checkpoint's tokenizer.json, or {} without one."""
+    """({"pad", "cls", "sep", "mask"} -> id, n_ordinary) from the checkpoint's tokenizer.json, or
+    ({}, None) without one."""
     path = os.path.join(checkpoint, "tokenizer.json")
     if not os.path.isfile(path):
-        return {}
+        return {}, None
     import tokenizer  # growcram's; tiktoken is a dependency of training anyway
-    return tokenizer.special_ids(tokenizer.load_tokenizer(path))
+    enc = tokenizer.load_tokenizer(path)
+    return tokenizer.special_ids(enc), tokenizer.n_ordinary(enc)
 
 
 def write_hf_tokenizer(checkpoint, folder, cfg):
@@ -410,21 +438,40 @@ def write_hf_tokenizer(checkpoint, folder, cfg):
         return
     import tokenizer
     enc = tokenizer.load_tokenizer(path)
+    # model_max_length lets the tokenizer truncate to the positions the model has
     tokenizer.save_hf_tokenizer(enc, folder, max_length=cfg["max_seq_len"])
 
 
-def generation_config(ids, cfg):
+def generation_config(ids, n_ordinary, cfg):
     """model.generate's defaults: greedy, stop at [SEP], never emit the other specials."""
-    specials = range(min(ids.values()), cfg["vocab_size"]) if ids else ()
+    # model.generate scores ordinary ids and [SEP] only (model._ready): suppress_tokens puts -inf
+    # on the rest, so transformers' greedy search picks what ours picks, step by step.
+    specials = range(n_ordinary, cfg["vocab_size"]) if ids else ()
     return {"do_sample": False, "max_new_tokens": 20, "use_cache": False,
             "eos_token_id": ids.get("sep"), "pad_token_id": ids.get("pad"),
             "suppress_tokens": [i for i in specials if i != ids.get("sep")]}
+
+
+# Three lines per kind for the card. The tokenizer adds [CLS] text [SEP], as our encoders read text;
+# a causal model continues a document, which follows a [SEP] in its training stream.
+USAGE = {
+    "mlm": """from transformers import pipeline
+fill = pipeline("fill-mask", model="PATH", tokenizer="PATH"{remote})
+print(fill("The capital of France is [MASK]."))""",
+    "clm": """from transformers import AutoModelForCausalLM as LM, AutoTokenizer
+net, tok = LM.from_pretrained("PATH"{remote}), AutoTokenizer.from_pretrained("PATH"{remote})
+print(tok.decode(net.generate(tok("[SEP]The cat", add_special_tokens=False, \
+return_tensors="pt").input_ids)[0]))""",
+    "cls": """from transformers import pipeline
+classify = pipeline("text-classification", model="PATH", tokenizer="PATH"{remote})
+print(classify({{"text": "A man plays.", "text_pair": "Someone plays."}}))"""}
 
 
 def model_card(checkpoint, cfg, kind, stock):
     """README.md: what the model is, its data and training run, its shape, how to load it."""
     meta, summary = read_json(checkpoint, "meta.json"), read_json(checkpoint, "..", "summary.json")
     auto = AUTO_CLASSES[kind][0]
+    # A card makes the folder self-describing on the Hub: what it is, how it was made, how to use it
     what = {"mlm": "a masked language model (bidirectional encoder)",
             "clm": "a causal language model (decoder)",
             "cls": f"a sequence classifier ({cfg['num_labels']} output(s)) on a "
@@ -435,9 +482,10 @@ def model_card(checkpoint, cfg, kind, stock):
              f"Goldstein 2022). Exported by growcram's export.py "
              + ("as a stock GPT-2 model." if stock else
                 "with its own modeling code (growcram_model.py, modeling_growcram.py)."), "",
-             "## Use", "", "```python", f"from transformers import {auto}, AutoTokenizer",
-             f'net = {auto}.from_pretrained("PATH"{remote})',
-             'tok = AutoTokenizer.from_pretrained("PATH")', "```", "",
+             "## Use", "", "```python", *USAGE[kind].format(remote=remote).splitlines(), "```",
+             "", f"or `{auto}.from_pretrained(PATH{remote})` and "
+             f"`AutoTokenizer.from_pretrained(PATH{remote})` (AutoTokenizer reads config.json, "
+             "whose AutoConfig may be remote code).", "",
              "## Shape", "",
              f"{cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads, "
              f"ffn {cfg['ffn_dim']} ({cfg['activation']}), {cfg['norm_position']}-{cfg['norm']}, "
@@ -468,6 +516,8 @@ def load_exported(folder):
     """Our model.Transformer from an exported folder (config.json + model.safetensors), in eval
     mode: for train.py --init-from, or to use an exported model with model.fill_mask/generate."""
     from safetensors.torch import load_file
+    # config.json keeps our keys under "growcram" in both kinds of export, so the config comes back
+    # exactly, dropout and mask_rate included, which no transformers config would record.
     doc = read_json(folder, "config.json")
     weights = os.path.join(folder, "model.safetensors")
     if not isinstance(doc, dict) or "growcram" not in doc:
@@ -481,6 +531,7 @@ def load_exported(folder):
         if doc.get("model_type") == "gpt2":
             state = from_gpt2(cfg, state)
         net = model.build_model(cfg)
+        # strict loading: a file edited or written for another shape fails here, by name
         net.load_state_dict(plain_keys(state))
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else ""

@@ -1,4 +1,4 @@
-"""export.py: exported folders load in transformers (no network) and compute what our models compute."""
+"""export.py: exported folders load in transformers (no network) and compute what ours compute."""
 import json
 import os
 import sys
@@ -180,8 +180,10 @@ def test_remote_code_is_model_py_without_its_command_line(tmp_path):
 
 
 def test_folder_contents_and_model_card(tmp_path, enc):
-    ck = save_checkpoint(seeded_model(tiny(vocab_size=enc.n_vocab)), enc, tmp_path / "run" / "final")
-    (tmp_path / "run" / "summary.json").write_text(json.dumps({"steps": 123, "final_val_loss": 4.5}))
+    net = seeded_model(tiny(vocab_size=enc.n_vocab))
+    ck = save_checkpoint(net, enc, tmp_path / "run" / "final")
+    summary = {"steps": 123, "final_val_loss": 4.5}       # train.py writes it beside final/
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
     (tmp_path / "run" / "final" / "meta.json").write_text(json.dumps({"settings": {"data": "x"},
                                                                       "train_tokens": 999}))
     files = export.export(ck, str(tmp_path / "hf"))
@@ -268,7 +270,7 @@ def test_glue_save_model_exports_a_named_classifier(tmp_path, enc):
     out = export.export(str(saved), str(tmp_path / "hf")) and str(tmp_path / "hf")
     hf = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True).eval()
     assert hf.config.id2label == {0: "neg", 1: "pos"}
-    tok = transformers.AutoTokenizer.from_pretrained(out)
+    tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)
     inputs = tok(["the cat sat", "the dog ran in the park."], padding=True, return_tensors="pt")
     net = model.load_model(str(saved)).eval()
     with torch.no_grad():

@@ -560,6 +560,8 @@ def run_task(name, spec, task_data, net_io, settings):
                              "same (the fine-tuned model collapsed; try another --lr or more "
                              "--epochs)")
         runs.append({"seed": seed, "metrics": metrics, "test": preds["test"]})
+        if seed == 0 and settings["save_model"]:  # one fine-tuned model per task for export.py
+            save_finetuned(net, enc, spec["classes"], os.path.join(settings["save_model"], name))
         del net
     metrics = {k: float(np.median([r["metrics"][k] for r in runs])) for k in runs[0]["metrics"]}
     # Test predictions come from the run closest to the median of the headline metric (for odd K:
@@ -579,6 +581,14 @@ def run_task(name, spec, task_data, net_io, settings):
               "n_dev": {k or "dev": len(v) for k, v in enc_dev.items()}, "skipped_rows": skipped,
               "seconds": round(time.time() - t0, 2)}
     return result, chosen["test"]
+
+
+def save_finetuned(net, enc, classes, folder):
+    """folder: model.py's files, tokenizer.json and labels.json (the class names in id order; null
+    for a regression), so export.py can name the labels of the exported classifier."""
+    model.save_model(net, folder)
+    tokenizer.save_tokenizer(enc, os.path.join(folder, "tokenizer.json"))
+    write_text(os.path.join(folder, "labels.json"), json.dumps(classes))
 
 
 # evaluate()'s settings: cramming's GLUE-sane protocol (Geiping & Goldstein 2023), whose
@@ -603,6 +613,7 @@ DEFAULTS = {
     "task_type": "auto",           # classification | regression | auto (from the labels)
     "clean": None,                 # data.clean_text keywords; None: as the checkpoint's meta.json
     "progress": True,              # progress bars
+    "save_model": None,            # folder: each task's seed-0 fine-tuned model in save_model/TASK/
 }
 
 
@@ -644,7 +655,7 @@ def evaluate(checkpoint, tasks=None, settings=None):
                     max_train_examples=given["max_train_examples"], clean=clean)
     # what run_task and finetune need besides the protocol; not recorded
     settings = {**protocol, "pad_id": ids["pad"], "predict_test": bool(out), "device": device,
-                "progress": given["progress"]}
+                "progress": given["progress"], "save_model": given["save_model"]}
     print(f"protocol: AdamW lr {protocol['lr']:g} (betas 0.9/0.98, eps 1e-6, "
           f"wd {protocol['weight_decay']:g}), batch {protocol['batch_size']}, "
           f"{protocol['epochs']} epochs, cosine with {protocol['warmup']:.0%} warmup, "
@@ -804,6 +815,9 @@ def make_parser():
     # Output
     p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and "
                                                       "submission/*.tsv")
+    p.add_argument("--save-model", default=None, metavar="DIR",
+                   help="also write each task's seed-0 fine-tuned model to DIR/TASK/ (model.py's "
+                        "files, tokenizer.json, labels.json) for export.py")
     return p
 
 

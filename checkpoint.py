@@ -205,10 +205,9 @@ def is_our_tokenizer(path):
 def init_config(path):
     """The model config of the weights at path (load_init's "config"), read once per path."""
     config_json = os.path.join(path, "config.json")
-    if os.path.isdir(path) and os.path.isfile(config_json):
-        with open(config_json) as f:  # an exported config.json also holds transformers' own keys
-            found = json.load(f)
-        return model.validate_config({k: v for k, v in found.items() if k in model.DEFAULTS})
+    if os.path.isfile(os.path.join(path, "model.pt")) and os.path.isfile(config_json):
+        with open(config_json) as f:  # model.py's folder: the config alone, no weights read
+            return model.validate_config(json.load(f))
     return load_init(path)["config"]
 
 

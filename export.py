@@ -432,7 +432,8 @@ def tokenizer_ids(checkpoint):
 
 
 def write_hf_tokenizer(checkpoint, folder, cfg):
-    """tokenizer.json (the HF fast format), tokenizer_config.json, special_tokens_map.json."""
+    """tokenizer.json (the HF fast format), tokenizer_config.json, special_tokens_map.json, and
+    ours as growcram_tokenizer.json, so train.py --init-from can continue from the folder."""
     path = os.path.join(checkpoint, "tokenizer.json")
     if not os.path.isfile(path):
         return
@@ -440,6 +441,7 @@ def write_hf_tokenizer(checkpoint, folder, cfg):
     enc = tokenizer.load_tokenizer(path)
     # model_max_length lets the tokenizer truncate to the positions the model has
     tokenizer.save_hf_tokenizer(enc, folder, max_length=cfg["max_seq_len"])
+    shutil.copyfile(path, os.path.join(folder, "growcram_tokenizer.json"))
 
 
 def generation_config(ids, n_ordinary, cfg):

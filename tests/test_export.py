@@ -275,3 +275,21 @@ def test_glue_save_model_exports_a_named_classifier(tmp_path, enc):
     net = model.load_model(str(saved)).eval()
     with torch.no_grad():
         assert torch.allclose(hf(**inputs).logits, net.classify(**inputs)["logits"], atol=1e-4)
+
+
+def test_train_init_from_an_exported_folder_starts_with_its_weights(sample_cache, tmp_path):
+    """Continued pretraining from a folder transformers also loads: train.py --init-from OUT."""
+    import train
+    common = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32",
+              "--micro-batch", "4", "--batch-tokens", "256", "--eval-batches", "2",
+              "--cache", sample_cache]
+    first = train.main([*common, "--max-steps", "10", "--out", str(tmp_path / "first")])
+    export.export(str(tmp_path / "first" / "final"), str(tmp_path / "hf"))
+    assert os.path.isfile(tmp_path / "hf" / "growcram_tokenizer.json")
+    second = train.main([*common, "--max-steps", "3", "--out", str(tmp_path / "second"),
+                         "--init-from", str(tmp_path / "hf")])
+    with open(tmp_path / "second" / "log.jsonl") as f:
+        start = json.loads(f.readline())
+    assert start["step"] == 0 and start["val_loss"] == pytest.approx(first["final_val_loss"],
+                                                                     abs=1e-5)
+    assert second["steps"] == 3

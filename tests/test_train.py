@@ -251,6 +251,8 @@ def test_a_mixture_run_logs_each_sources_held_out_loss_and_how_often_it_read_eac
     assert set(summary["epochs_by_source"]) == {"plays", "sonnets"} and summary["epochs_by_source"]["plays"] > 0
     out = capsys.readouterr().out                                            # the progress line names each source
     assert re.search(r"50% held-out loss \d\.\d{3} \(plays \d\.\d{3}, sonnets \d\.\d{3}\)", out)
+    for name in ("plays", "sonnets"):  # preparing the mixture printed each source's fertility
+        assert re.search(name + r": +weight 0\.\d{3}, .* \d\.\d\d bytes/token, \d\.\d\d tokens/word", out)
 
 
 def test_a_mixture_run_stopped_dead_and_resumed_ends_with_the_same_weights(tmp_path, monkeypatch):

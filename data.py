@@ -119,6 +119,19 @@ def prepare_data(data="sample", cache_dir="cache", settings=None, progress=True)
     # every key, in one dict for the helpers
     opts = {**DEFAULTS, **(settings or {}), "progress": progress}
     _check_settings(cache_dir, opts)
+    created = not os.path.exists(cache_dir)
+    try:
+        return _prepare(data, cache_dir, opts)
+    except BaseException:
+        # A preparation that fails leaves no trace: the entry is built in a temporary folder, and
+        # a cache folder this call created goes too, so the next try starts from the same state
+        if created:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+        raise
+
+
+def _prepare(data, cache_dir, opts):
+    """prepare_data's work, once the settings are checked: one corpus or a mixture."""
     mixture = parse_mixture(data, opts["mix_temperature"])
     if len(mixture) > 1:
         return _prepare_mixture(mixture, cache_dir, _keyed_settings(opts), opts)
@@ -160,6 +173,9 @@ def _check_settings(cache_dir, opts):
              ("max_tokens_per_char",
               o["max_tokens_per_char"] is None or o["max_tokens_per_char"] > 0, "> 0"),
              ("workers", o["workers"] is None or o["workers"] >= 1, ">= 1"),
+             # unicodedata's own error ("invalid normalization form") names neither flag nor value
+             ("normalize", o["normalize"] in (None, "NFC", "NFD", "NFKC", "NFKD"),
+              "NFC, NFD, NFKC, NFKD or none"),
              ("mix_temperature", o["mix_temperature"] is None
               or (math.isfinite(o["mix_temperature"]) and o["mix_temperature"] > 0), "> 0")]
     for name, ok, rule in rules:

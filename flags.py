@@ -289,6 +289,25 @@ def config_error_in_flags(error):
     return text
 
 
+def settings_from_init(args, init):
+    """--init-from: the weights' shape, vocabulary, objective and positions, and the tokenizer they
+    were trained with (unless --tokenizer names one). A shape flag that contradicts them is a
+    one-line error: the weights could not be loaded into that model."""
+    cfg = init["config"]
+    for key in (*planning.SIZE_KEYS, "max_seq_len", "vocab_size"):
+        given = getattr(args, key)
+        if given is not None and given != cfg[key]:
+            raise SystemExit(f"error: --{key.replace('_', '-')} {given} does not fit --init-from "
+                             f"{args.init_from}: its {key} is {cfg[key]}")
+    if args.tokenizer == "train" and init["tokenizer"] is None:
+        raise SystemExit(f"error: --init-from {args.init_from}: no growcram tokenizer.json beside "
+                         "the weights; give the one they were trained with as --tokenizer FILE")
+    tokenizer_file = init["tokenizer"] if args.tokenizer == "train" else args.tokenizer
+    return argparse.Namespace(**{**vars(args), "tokenizer": tokenizer_file,
+                                 **{k: cfg[k] for k in ("vocab_size", "max_seq_len",
+                                                        "objective", "positions")}})
+
+
 def budget_given(args):
     return any(getattr(args, k) is not None for k in BUDGET_KEYS)
 

@@ -186,6 +186,20 @@ def clip_gradients(net, max_norm):
 # -----------------------------------------------------------------------------
 # Memory: what each rank holds
 
+def is_out_of_memory(error):
+    """CUDA's torch.OutOfMemoryError, or MPS's RuntimeError that says it ran out of memory."""
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error)
+
+
+def free_memory(device):
+    """Give the caching allocator's free blocks back after an out-of-memory error, so a smaller
+    retry starts from what is really in use."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()
+
+
 def memory_per_rank(cfg, world, shard):
     """Bytes of training state on each rank, in fp32: parameters 4 per parameter, gradients
     4, AdamW's two moments 8. Activations come on top, and under FSDP the all-gathered

@@ -16,6 +16,7 @@ import os
 
 import torch
 
+import budget
 import checkpoint
 import model
 import scaling
@@ -33,12 +34,6 @@ CRAMMING_BATCH = 8192 * 128  # cramming's final batch, 8192 x 128 tokens (train/
 # of the preset
 SIZE_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim")
 CHOICE_KEYS = ("positions", "norm", "norm_position", "activation")
-
-
-def budget_seconds(args):
-    """The wall-clock budget in seconds (--hours plus --minutes), or None when only steps or tokens
-    bound the run."""
-    return ((args.hours or 0) * 3600 + (args.minutes or 0) * 60) or None
 
 
 def model_config(args, vocab_size):
@@ -85,7 +80,7 @@ def budget_tokens(args, device):
     GPU: 2,000 tokens/s)."""
     if args.max_tokens:
         return int(args.max_tokens)
-    seconds = budget_seconds(args)
+    seconds = budget.budget_seconds(args)
     if args.max_steps and not seconds:
         return args.max_steps * args.batch_tokens
     peak = gpu_peak_flops(device)
@@ -146,7 +141,7 @@ def optimal_params(args, flops_per_s, world):
     """(N*, what it was computed from, the budget's FLOPs or None): the compute-optimal
     parameter count (scaling.compute_optimal with Besiroglu et al. 2024's constants, ~25
     tokens per parameter)."""
-    seconds, constants = budget_seconds(args), scaling.PUBLISHED["epoch"]
+    seconds, constants = budget.budget_seconds(args), scaling.PUBLISHED["epoch"]
     compute = seconds * flops_per_s * world if seconds else None
     if compute:
         basis = f"{seconds:,.0f} s x {flops_per_s * world / 1e9:,.0f} GFLOP/s = {compute:.1e} FLOPs"

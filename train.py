@@ -24,17 +24,18 @@ folder checkpoint.dcp/ under FSDP), final/ (model.py's folder with tokenizer.jso
 loss.png and summary.json (also printed).
 """
 import argparse
+import errno
 import functools
 import json
 import math
 import os
-import signal
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm import tqdm
 
+import budget
 import checkpoint
 import data
 import flags
@@ -61,17 +62,16 @@ def train(args, budget_was=None):
     start_clock(run, state, net, ckpt is not None, budget_was)
     describe_run(run, net)
     amp = parallel.autocast(device, run.dtype)  # bf16 on a GPU that has it, off in fp32
-    handlers = catch_stop_signals(run.budget)  # preemption and Ctrl-C only set a flag
+    handlers = budget.catch_stop_signals(run.clock)  # preemption and Ctrl-C only set a flag
     bar = progress_bar(rank)
-    speed, last_ckpt, budget = Speed(state, ckpt is not None), state.elapsed, run.budget
+    speed, last_ckpt, clock = Speed(state, ckpt is not None), state.elapsed, run.clock
     while True:
         # ---- stop: the budget is spent or a signal came, by the clock all ranks agree on
-        state.elapsed, stop = parallel.agree_on_clock(budget.elapsed(), budget.signals, device, world)
-        p = budget.progress(state.step, state.tokens, state.elapsed)
+        state.elapsed, stop = parallel.agree_on_clock(clock.elapsed(), clock.signals, device, world)
+        p = clock.progress(state.step, state.tokens, state.elapsed)
         if p >= 1.0 or stop:
             status = "budget spent" if p >= 1.0 else "preempted"
             break
-
         # ---- grow: the next stage starts at its budget fraction, or when the loss flattens
         if state.stage + 1 < len(run.stages):
             if args.grow_when == "auto" and p >= state.next_check:
@@ -79,55 +79,56 @@ def train(args, budget_was=None):
             due, why = growth_due(run, state, p)
             if due:
                 net, optimizer = grow_now(run, state, (net, optimizer), p, why)
-
         # ---- set the learning rate: a function of progress only (cramming's budget schedules)
         lr = learning_rate(args, state, p)
         for group in optimizer.param_groups:
             group["lr"] = lr
-
         # ---- forward and backward over the step's micro-batches, cut at the deadline
-        T = model.unwrap(net).config["max_seq_len"]  # the growth stage's sequence length
-        accum = accumulation_steps(p, target_accumulation(args, T, world), args.batch_ramp)
-        too_late = functools.partial(ends_past_deadline, budget, state, device, world)
-        loss_sum, done = forward_backward(net, loader, accum, (args.micro_batch, T), amp, too_late)
+        T, B = model.unwrap(net).config["max_seq_len"], state.micro_batch  # the stage's length
+        target = target_accumulation(args.batch_tokens, B * T * world)
+        accum = accumulation_steps(p, target, args.batch_ramp)
+        too_late = functools.partial(budget.ends_past_deadline, clock, state, device, world)
+        position = loader.state_dict()  # where a retry of this step starts reading
+        try:
+            loss_sum, done = forward_backward(net, loader, accum, (B, T), amp, too_late)
+        except RuntimeError as error:  # out of memory: halve the micro-batch, retry the step
+            back_off(run, state, (net, optimizer, loader, position), error)  # or re-raise
+            continue
         loss_sum = parallel.mean_over_ranks(loss_sum, world)  # one loss: one decision on all ranks
         # clip the global norm (cramming: 0.5); queued before .item(), the step's one device wait
         grad_norm = parallel.clip_gradients(net, args.clip)
         loss = loss_sum.item() / done
-
         # ---- skip a non-finite step: one inf or NaN in AdamW's moments would stay there for good
         if not math.isfinite(loss):
             if skip_step(run, state, optimizer, loss) >= args.max_bad_steps:
                 status = "diverged"
                 break
             continue  # the data position moved on: the next step sees other batches
-
         # ---- update the weights and count what the step consumed
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        batch_tokens = done * args.micro_batch * T * world
+        batch_tokens = done * B * T * world
         state.count_step(batch_tokens, model.flops_per_token(model.unwrap(net).config))
         bar.update(round(100 * p, 1) - bar.n)  # the bar counts % of the budget
-
         # ---- log, and once the estimate of what the whole budget buys
         speed.estimate(run, state)
         if state.step % args.log_every == 0:
             log_step(run, state, speed, bar, {"progress": p, "loss": loss, "lr": lr,
                                               "batch_tokens": batch_tokens, "grad_norm": grad_norm})
-
-        # ---- evaluate on held-out data, and show what the model makes of a fixed text
-        if p >= state.next_eval:
-            state.next_eval += args.eval_every
-            losses = evaluate(run, net)
-            log_eval(run, state, p, losses)
-            run.say(f"{p:4.0%} held-out loss {val_text(losses)}; {samples(run, net)}")
-
-        # ---- checkpoint every --checkpoint-minutes (and every --checkpoint-steps)
+        # ---- checkpoint every --checkpoint-minutes (and --checkpoint-steps), before an evaluation
+        # that might die (nanochat's lesson)
         if checkpoint_due(args, state, last_ckpt):
             last_ckpt = state.elapsed
             save_checkpoint(run, state, net, optimizer, loader)
+        # ---- evaluate on held-out data (the batches the budget has time for), and a sample
+        if p >= state.next_eval:
+            state.next_eval += args.eval_every
+            losses = evaluate(run, net, within_budget=True)
+            if losses:
+                log_eval(run, state, p, losses)
+                run.say(f"{p:4.0%} held-out loss {val_text(losses)}; {samples(run, net)}")
     bar.close()
-    restore_signal_handlers(handlers)
+    budget.restore_signal_handlers(handlers)
     return finish(run, state, net, optimizer, loader, status)
 
 
@@ -200,76 +201,43 @@ def accumulation_steps(p, target, ramp=0.6):
     return max(1, min(target, int(p / ramp * target) + 1))
 
 
-def target_accumulation(args, seq_len, world):
-    """Micro-batches per step that make --batch-tokens; a growth stage with shorter sequences
-    accumulates more of them, so every optimizer step sees the same number of tokens."""
-    return max(1, round(args.batch_tokens / (args.micro_batch * seq_len * world)))
+def target_accumulation(batch_tokens, micro_tokens):
+    """Micro-batches per step that make --batch-tokens from micro-batches of micro_tokens (all
+    ranks): a growth stage with shorter sequences, or a micro-batch halved after running out of
+    memory, accumulates more of them, so every optimizer step sees the same number of tokens."""
+    return max(1, round(batch_tokens / micro_tokens))
 
 
 # -----------------------------------------------------------------------------
-# The clock: progress against every budget given, and the deadline
+# The step's helpers: running out of memory, the progress bar, a skipped step, checkpoint times
 
-class Budget:
-    """Progress p in [0, 1]: the largest of elapsed/wall-clock budget, steps/max-steps and
-    tokens/max-tokens. A signal (SIGTERM, SIGINT) only lands in `signals`: the loop decides."""
-
-    def __init__(self, args, elapsed=0.0):
-        self.seconds = planning.budget_seconds(args)
-        self.max_steps, self.max_tokens = args.max_steps, args.max_tokens
-        self.signals = []      # the stop signals received (SIGTERM, SIGINT)
-        self.reached = False   # a step was cut at the deadline: it was the run's last
-        self.start_clock(elapsed)
-
-    def start_clock(self, elapsed=0.0):
-        self.start = time.time() - elapsed  # a resumed run continues the same clock
-
-    def elapsed(self):
-        return time.time() - self.start
-
-    def parts(self, step, tokens, elapsed):
-        """(fraction used, what is left in its own unit) of every budget that was given."""
-        parts = []
-        if self.seconds:
-            left = max(0.0, self.seconds - elapsed) / 60
-            parts.append((elapsed / self.seconds, f"{left:.1f} min"))
-        if self.max_steps:
-            parts.append((step / self.max_steps, f"{max(0, self.max_steps - step):,} steps"))
-        if self.max_tokens:
-            left = max(0, int(self.max_tokens - tokens))
-            parts.append((tokens / self.max_tokens, f"{left:,} tokens"))
-        return parts
-
-    def left(self, step, tokens, elapsed):
-        """What is left of the budget that ends first: '1.5 min', '3,072 tokens' or '12 steps'."""
-        return max(self.parts(step, tokens, elapsed))[1]
-
-    def progress(self, step, tokens, elapsed):
-        if self.reached:
-            return 1.0
-        return min(1.0, max(fraction for fraction, _ in self.parts(step, tokens, elapsed)))
-
-
-def ends_past_deadline(budget, state, device, world, micro_seconds):
-    """Would one more micro-batch, as long as the last one, end past the deadline (or has a stop
-    signal come)? Then it is the step's last, and at the deadline that step is the run's last
-    too, even if its final micro-batch ran faster and the clock stops just short: no extra steps
-    of one micro-batch."""
-    elapsed, stopped = parallel.agree_on_clock(budget.elapsed() + micro_seconds, budget.signals,
-                                               device, world)
-    budget.reached = budget.progress(state.step, state.tokens, elapsed) >= 1.0
-    return budget.reached or stopped
-
-
-def catch_stop_signals(budget):
-    """SIGTERM (preemption) and SIGINT (Ctrl-C) only record the signal: the step in flight
-    finishes, then the run saves a checkpoint. Returns the handlers they replaced."""
-    return {sig: signal.signal(sig, lambda s, f: budget.signals.append(s))
-            for sig in (signal.SIGTERM, signal.SIGINT)}
-
-
-def restore_signal_handlers(handlers):
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
+def back_off(run, state, parts, error):
+    """Out of memory in a step (CUDA's or MPS's): free what the step held, halve the micro-batch
+    (the accumulation doubles, so the global batch stays), rewind the loader to the step's start,
+    log it, and let the loop retry the same step: the run goes on as if it had started with the
+    smaller micro-batch. Any other error is raised again. parts: (net, optimizer, loader, the
+    loader's position at the step's start)."""
+    net, optimizer, loader, position = parts
+    if not parallel.is_out_of_memory(error):
+        raise error
+    optimizer.zero_grad(set_to_none=True)  # the half-accumulated gradients of the failed step
+    parallel.free_memory(run.device)
+    B, cfg = state.micro_batch, model.unwrap(net).config
+    # One sequence that does not fit has nothing left to halve. Several ranks would have to agree
+    # on the retry inside their collectives: there the error ends the run too
+    if B == 1 or run.world > 1:
+        need = parallel.memory_per_rank(cfg, run.world, run.args.shard)["total"]
+        raise SystemExit(f"error: out of memory at micro-batch {B} on {run.device}: the model has "
+                         f"{model.count_params(cfg) / 1e6:.1f} M parameters, which need "
+                         f"{need / 1e9:.2f} GB per rank for weights, gradients and AdamW before "
+                         "any activation; try --checkpoint-activations, --shard fsdp, --dtype "
+                         "bf16 or a smaller --model") from None
+    state.micro_batch = B // 2
+    loader.load_state_dict(position)
+    run.log({"kind": "back_off", "step": state.step, "micro_batch": state.micro_batch,
+             "error": str(error).splitlines()[0][:200]})
+    run.say(f"out of memory at step {state.step + 1}: micro-batch {B} -> {state.micro_batch} "
+            "sequences, twice the accumulation: the same global batch; retrying the step")
 
 
 def progress_bar(rank):
@@ -311,6 +279,7 @@ class RunState:
     bad_steps: int = 0            # non-finite losses in a row
     skipped_steps: int = 0        # non-finite losses in all
     log_bytes: int = None         # log.jsonl's size at the last checkpoint: resume cuts it there
+    micro_batch: int = None       # sequences per forward: --micro-batch, halved on out of memory
 
     def count_step(self, tokens, flops_per_token):
         """An optimizer step was taken: it fed tokens (all ranks) at flops_per_token."""
@@ -333,9 +302,10 @@ class Run:
     enc: object                   # the tokenizer, only to show samples
     cfg: dict                     # the model config the run trains toward (the last growth stage's)
     stages: list                  # grow.parse_schedule's stages ([] without growth)
-    budget: Budget                # the clock; start_clock starts it
+    clock: budget.Budget          # the budget's clock; start_clock starts it
     peak: float = None            # this GPU's peak FLOP/s, or None (no MFU)
     held_out: dict = field(default_factory=dict)  # evaluate's: {seq length: {source: batches}}
+    eval_seconds: float = None    # evaluate's: seconds per held-out batch, the last measured
 
     @property
     def log_path(self):
@@ -360,7 +330,7 @@ def resolve_settings(args, device, rank, world):
     for this machine and budget, checked before any work (shape, growth schedule, masking
     at every length)."""
     if args.init_from:
-        args = settings_from_init(args, checkpoint.load_init(args.init_from))
+        args = flags.settings_from_init(args, checkpoint.load_init(args.init_from))
     try:
         chosen, why = planning.choose_defaults(args, planning.sustained_flops(device), world,
                                                device.type == "cuda")
@@ -386,25 +356,6 @@ def resolve_settings(args, device, rank, world):
     return args, ckpt
 
 
-def settings_from_init(args, init):
-    """--init-from: the weights' shape, vocabulary, objective and positions, and the tokenizer they
-    were trained with (unless --tokenizer names one). A shape flag that contradicts them is a
-    one-line error: the weights could not be loaded into that model."""
-    cfg = init["config"]
-    for key in (*planning.SIZE_KEYS, "max_seq_len", "vocab_size"):
-        given = getattr(args, key)
-        if given is not None and given != cfg[key]:
-            raise SystemExit(f"error: --{key.replace('_', '-')} {given} does not fit --init-from "
-                             f"{args.init_from}: its {key} is {cfg[key]}")
-    if args.tokenizer == "train" and init["tokenizer"] is None:
-        raise SystemExit(f"error: --init-from {args.init_from}: no growcram tokenizer.json beside "
-                         "the weights; give the one they were trained with as --tokenizer FILE")
-    tokenizer_file = init["tokenizer"] if args.tokenizer == "train" else args.tokenizer
-    return argparse.Namespace(**{**vars(args), "tokenizer": tokenizer_file,
-                                 **{k: cfg[k] for k in ("vocab_size", "max_seq_len",
-                                                        "objective", "positions")}})
-
-
 def growth_stages(args, cfg):
     """grow.parse_schedule of --grow toward cfg ([] without growth), as a one-line
     error if invalid."""
@@ -425,7 +376,7 @@ def start_run(args, ckpt, ranks, budget_was):
                          f"weights of --init-from {args.init_from} have {cfg['vocab_size']}")
     stages = growth_stages(args, cfg)
     run = Run(args, device, parallel.autocast_dtype(args.dtype, device), rank, world, meta,
-              tokenizer.load_tokenizer(meta["tokenizer"]), cfg, stages, Budget(args),
+              tokenizer.load_tokenizer(meta["tokenizer"]), cfg, stages, budget.Budget(args),
               planning.gpu_peak_flops(device))
     if stages and any(stages[-1]["config"][k] != cfg[k] for k in grow.GROWN_KEYS):
         run.say(f"--grow: the schedule ends at {grow.describe(stages[-1]['config'])}, not the "
@@ -504,6 +455,8 @@ def build(run, ckpt):
         state = RunState(**checkpoint.restore(ckpt, net, optimizer, loader))
         run.say(f"resuming {run.ckpt_path} at step {state.step}, {state.tokens:,} tokens, "
                 f"{state.elapsed:.0f} s used")
+    # a run that backed off after running out of memory resumes at the micro-batch it settled on
+    state.micro_batch = state.micro_batch or args.micro_batch
     return net, optimizer, loader, state
 
 
@@ -523,18 +476,18 @@ def start_clock(run, state, net, resumed, budget_was):
     """The step-0 evaluation (off the clock: where the curve starts, about ln V nats), then the
     clock starts (a resumed run's continues from its saved time). A resumed run checks that
     budget is left."""
-    args, budget = run.args, run.budget
+    args, clock = run.args, run.clock
     if not resumed:
         losses = evaluate(run, net)
         log_eval(run, state, 0.0, losses, elapsed=0.0)
         run.say(f"held-out loss before training: {val_text(losses)}")
-    budget.start_clock(state.elapsed)
+    clock.start_clock(state.elapsed)
     if not resumed:
         return
-    p = budget.progress(state.step, state.tokens, state.elapsed)
+    p = clock.progress(state.step, state.tokens, state.elapsed)
     if p >= 1.0:
         raise SystemExit(f"error: {run.ckpt_path} has spent its budget "
-                         f"({budget.left(state.step, state.tokens, state.elapsed)} left); give a "
+                         f"({clock.left(state.step, state.tokens, state.elapsed)} left); give a "
                          "larger one with --resume to extend the run")
     if budget_was:  # extended: the schedules read progress, which just went down
         state.next_eval = (math.floor(p / args.eval_every) + 1) * args.eval_every
@@ -555,12 +508,13 @@ def describe_run(run, net):
     run.say(f"device {run.device} ({dtype}), {run.world} process(es); {n / 1e6:.1f} M parameters "
             f"({n_body / 1e6:.1f} M without embeddings), {flops_tok / 1e6:.0f} MFLOP per token"
             f"{growing}")
-    accum = target_accumulation(args, args.max_seq_len, run.world)
-    run.say(f"global batch {accum * args.micro_batch * args.max_seq_len * run.world:,} tokens = "
-            f"{args.micro_batch} sequences x {args.max_seq_len} tokens x {run.world} rank(s) x "
-            f"{accum} accumulation steps (ramped over {args.batch_ramp:.0%} of the budget)")
-    if run.peak and run.budget.seconds:
-        tokens = run.budget.seconds * run.peak * planning.scaling.PLANNING_MFU / flops_tok
+    B, T = args.micro_batch, args.max_seq_len
+    accum = target_accumulation(args.batch_tokens, B * T * run.world)
+    run.say(f"global batch {accum * B * T * run.world:,} tokens = {B} sequences x {T} tokens x "
+            f"{run.world} rank(s) x {accum} accumulation steps (ramped over {args.batch_ramp:.0%} "
+            "of the budget)")
+    if run.peak and run.clock.seconds:
+        tokens = run.clock.seconds * run.peak * planning.scaling.PLANNING_MFU / flops_tok
         run.say(f"the budget should buy ~{tokens / 1e9:.2f} B tokens at "
                 f"{planning.scaling.PLANNING_MFU:.0%} MFU (peak {run.peak / 1e12:.0f} TFLOP/s)")
     run.say(parallel.memory_text(now, run.world, args.shard, args.checkpoint_activations))
@@ -620,11 +574,12 @@ def grow_now(run, state, trained, p, why):
 # Evaluation: held-out loss, and a sample of what the model does
 
 @torch.no_grad()
-def evaluate(run, net):
+def evaluate(run, net, within_budget=False):
     """{"val_loss": the mean held-out loss} over the same --eval-batches batches every time, at
     the model's sequence length, averaged over ranks. A corpus mixture evaluates each source's
     own val split; val_loss is then their mean weighted by the mixture, and
-    "val_loss_by_source" has each."""
+    "val_loss_by_source" has each. within_budget: stop before a batch that would end past the
+    wall-clock deadline ("eval_batches" then says how many ran; None if not one fits)."""
     plain, args = model.unwrap(net), run.args
     T = plain.config["max_seq_len"]
     names = [s["name"] for s in run.meta.get("sources", [])] or [None]  # None: the one corpus
@@ -633,19 +588,38 @@ def evaluate(run, net):
     was_training = plain.training
     plain.eval()  # no dropout; eager and outside DDP (under FSDP: the sharded module itself)
     total = torch.zeros(len(names), device=run.device)
-    amp = parallel.autocast(run.device, run.dtype)
-    for i, name in enumerate(names):
-        for batch in run.held_out[T][name]:
+    amp, started, n = parallel.autocast(run.device, run.dtype), time.time(), args.eval_batches
+    for j in range(args.eval_batches):  # batch j of every source, so a cut keeps them even
+        if within_budget and not eval_batch_fits(run, (time.time() - started) / max(j, 1)):
+            n = j
+            break
+        for i, name in enumerate(names):
             with amp():
-                total[i] += plain(**batch)["loss"].float()
+                total[i] += plain(**run.held_out[T][name][j])["loss"].float()
     plain.train(was_training)
+    run.eval_seconds = (time.time() - started) / max(n, 1)  # per batch: the next cut's estimate
+    if n == 0:
+        return None
     # each rank evaluated its own slice of the held-out batches: the mean over all of them
     total = parallel.sum_over_ranks(total, run.world)
-    losses = [t / (args.eval_batches * run.world) for t in total.tolist()]
+    losses = [t / (n * run.world) for t in total.tolist()]
+    cut = {"eval_batches": n} if n < args.eval_batches else {}
     if names == [None]:
-        return {"val_loss": losses[0]}
+        return {"val_loss": losses[0], **cut}
     weighted = sum(s["weight"] * loss for s, loss in zip(run.meta["sources"], losses))
-    return {"val_loss": weighted, "val_loss_by_source": dict(zip(names, losses))}
+    return {"val_loss": weighted, "val_loss_by_source": dict(zip(names, losses)), **cut}
+
+
+def eval_batch_fits(run, seconds):
+    """Would one more held-out batch (seconds: as long as this evaluation's so far, or the last
+    evaluation's) end before the wall-clock deadline, on the slowest rank's clock? An evaluation
+    counts against the budget like everything after the start, so a slow one on a busy machine
+    is cut to the batches that fit rather than end the run late."""
+    if not run.clock.seconds:  # a step or token budget: evaluations cost none of it
+        return True
+    seconds = max(seconds, run.eval_seconds or 0.0)
+    elapsed, _ = parallel.agree_on_clock(run.clock.elapsed() + seconds, [], run.device, run.world)
+    return elapsed <= run.clock.seconds
 
 
 def held_out_batches(run, source, T):
@@ -669,7 +643,7 @@ def val_text(losses):
 def log_eval(run, state, p, losses, elapsed=None, **extra):
     """An 'eval' record in log.jsonl; elapsed defaults to the clock now (the step-0 evaluation runs
     before the clock starts, the final one after it stopped)."""
-    elapsed = run.budget.elapsed() if elapsed is None else elapsed
+    elapsed = run.clock.elapsed() if elapsed is None else elapsed
     run.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
              "elapsed": round(elapsed, 3), "progress": round(p, 5), **losses, **extra})
 
@@ -712,13 +686,13 @@ class Speed:
         return (state.tokens - tokens) / seconds, (state.flops - flops) / seconds
 
     def estimate(self, run, state):
-        if self.estimated or not run.budget.seconds:
+        if self.estimated or not run.clock.seconds:
             return
         if state.step == self.first_step:
             self.warm = (time.time(), state.tokens)
         elif state.step >= self.first_step + 10:
             rate = (state.tokens - self.warm[1]) / (time.time() - self.warm[0])
-            left = max(run.budget.seconds - run.budget.elapsed(), 0.0)
+            left = max(run.clock.seconds - run.clock.elapsed(), 0.0)
             run.say(f"measured {rate:,.0f} tokens/s: the budget should buy "
                     f"~{state.tokens + rate * left:,.0f} tokens in all")
             self.estimated = True
@@ -731,39 +705,54 @@ def log_step(run, state, speed, bar, step):
     tok_s, flop_s = speed.since_last_log(state)
     grad_norm = step["grad_norm"].item() if step["grad_norm"] is not None else None
     record = {"kind": "train", "step": state.step, "tokens": state.tokens,
-              "elapsed": round(run.budget.elapsed(), 3), "progress": round(step["progress"], 5),
+              "elapsed": round(run.clock.elapsed(), 3), "progress": round(step["progress"], 5),
               "loss": step["loss"], "lr": step["lr"], "batch_tokens": step["batch_tokens"],
               "flops": state.flops, "tokens_per_s": round(tok_s), "grad_norm": grad_norm}
     if run.peak:  # MFU: model FLOPs spent per second over the peak (Chowdhery et al. 2022, App. B)
         record["mfu"] = round(flop_s / (run.peak * run.world), 4)
     run.log(record)
-    left = run.budget.left(state.step, state.tokens, run.budget.elapsed())
+    left = run.clock.left(state.step, state.tokens, run.clock.elapsed())
     bar.set_postfix_str(f"loss {step['loss']:.3f}, lr {step['lr']:.2e}, {tok_s:,.0f} tokens/s, "
                         f"{left} left")
 
 
 def save_checkpoint(run, state, net, optimizer, loader):
-    """Save the run with rank 0's state. Every rank calls it: under FSDP every rank
-    writes its shards."""
-    state.elapsed = run.budget.elapsed()
+    """Save the run with rank 0's state. Every rank calls it: under FSDP every rank writes its
+    shards. A full disk costs this checkpoint, not the run: the previous one stays whole (each is
+    written beside it and renamed over it), a warning says so, and training goes on, since
+    stopping would lose the steps since the last checkpoint just the same."""
+    state.elapsed = run.clock.elapsed()
     if run.rank == 0:  # resume cuts log.jsonl back to this size
         state.log_bytes = os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0
-    checkpoint.save(run.ckpt_path, net, optimizer, loader, asdict(state), run.rank)
+    try:
+        checkpoint.save(run.ckpt_path, net, optimizer, loader, asdict(state), run.rank)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        run.say(f"warning: {run.ckpt_path}: no space left on device at step {state.step}: this "
+                "checkpoint is not saved, the previous one is intact; training goes on")
 
 
 def save_final(run, net):
-    """OUT/final: model.py's folder with the tokenizer and the data's meta.json
-    beside the weights."""
+    """OUT/final: model.py's folder with the tokenizer and the data's meta.json beside the
+    weights. A full disk here is one line: the checkpoint saved just before holds the weights."""
     files = {"tokenizer.json": run.meta["tokenizer"],
              "meta.json": os.path.join(run.meta["dir"], "meta.json")}
-    return checkpoint.save_final(os.path.join(run.args.out, "final"), net, run.rank, files)
+    folder = os.path.join(run.args.out, "final")
+    try:
+        return checkpoint.save_final(folder, net, run.rank, files)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        raise SystemExit(f"error: {folder}: no space left on device; the trained weights are in "
+                         f"{run.ckpt_path}: free some space, then export them from there") from None
 
 
 def finish(run, state, net, optimizer, loader, status):
     """Preempted: save and say how to resume. Diverged: the last good checkpoint goes to
     final/, exit 1. Otherwise the final evaluation, checkpoint, final/, loss.png and
     summary.json (also printed)."""
-    args, state.elapsed = run.args, run.budget.elapsed()
+    args, state.elapsed = run.args, run.clock.elapsed()
     if status == "preempted":
         save_checkpoint(run, state, net, optimizer, loader)
         run.say(f"stopped by signal at step {state.step}: checkpoint saved to {run.ckpt_path}; "
@@ -778,8 +767,11 @@ def finish(run, state, net, optimizer, loader, status):
                     f"{args.out}/final; lower --lr or raise --clip, then --resume")
         raise SystemExit(1)
 
-    # ---- the budget is spent: one last evaluation, the checkpoint (a later --resume with a larger
-    # budget extends the run), final/ for evaluate_glue.py and evaluate_lm.py, the plot, the summary
+    # ---- the budget is spent: the checkpoint first (a later --resume with a larger budget extends
+    # the run, and an evaluation that dies loses nothing), then one last evaluation, final/ for
+    # evaluate_glue.py and evaluate_lm.py, the plot and the summary. Every rank saves: under FSDP
+    # each writes its shards, and takes part in gathering the weights
+    save_checkpoint(run, state, net, optimizer, loader)
     losses = evaluate(run, net)
     summary = run_summary(run, state, status, losses["val_loss"], model.unwrap(net).config)
     if "val_loss_by_source" in losses:  # a mixture: each source's loss, and how often it was read
@@ -788,8 +780,6 @@ def finish(run, state, net, optimizer, loader, status):
     if run.peak:  # as log_step's
         summary["mfu"] = round(state.flops / max(state.elapsed, 1e-9) / (run.peak * run.world), 4)
     log_eval(run, state, 1.0, losses, elapsed=state.elapsed)
-    # every rank: under FSDP each writes its shards, and takes part in gathering the weights
-    save_checkpoint(run, state, net, optimizer, loader)
     summary["final"] = save_final(run, net)
     sample = samples(run, net)
     if run.rank == 0:

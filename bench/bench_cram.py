@@ -196,18 +196,18 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
     run_net = torch.compile(net, dynamic=False) if s.compile else net
     accum = max(1, round(s.batch_tokens / (s.micro_batch * s.max_seq_len)))  # train.py's target accumulation
     # train.py's clock (from after model, optimizer and loader are built) and its hard deadline
-    budget = train.Budget(argparse.Namespace(**{**vars(s), "max_steps": None, "max_tokens": None}))  # time only
+    clock = budget.Budget(argparse.Namespace(**{**vars(s), "max_steps": None, "max_tokens": None}))  # time only
     state = train.RunState()
     curve, status, next_eval = [], "budget spent", EVAL_EVERY
     while True:
-        p = budget.progress(state.step, state.tokens, budget.elapsed())
+        p = clock.progress(state.step, state.tokens, clock.elapsed())
         if p >= 1.0:
             break
         for group in optimizer.param_groups:
             group["lr"] = lr * train.lr_multiplier(p, "linear", HF_WARMUP)
         loss_sum, done, micro_seconds = torch.zeros((), device=device), 0, 0.0
         for micro in range(accum):
-            last = micro == accum - 1 or (micro > 0 and train.ends_past_deadline(budget, state, device, 1, micro_seconds))
+            last = micro == accum - 1 or (micro > 0 and budget.ends_past_deadline(clock, state, device, 1, micro_seconds))
             started = time.time()
             loss = hf_loss(run_net, loader.next_batch(s.micro_batch, s.max_seq_len), dtype)
             (loss / accum).backward()
@@ -227,8 +227,8 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
         if p >= next_eval:  # the same rule as train.py: the first step that starts past the mark
             next_eval += EVAL_EVERY
             val = hf_evaluate(net, meta, s, device, dtype)
-            curve.append({"elapsed": round(budget.elapsed(), 3), "tokens": state.tokens, "val_loss": val})
-    elapsed, tokens = budget.elapsed(), state.tokens
+            curve.append({"elapsed": round(clock.elapsed(), 3), "tokens": state.tokens, "val_loss": val})
+    elapsed, tokens = clock.elapsed(), state.tokens
     final = hf_evaluate(net, meta, s, device, dtype) if status != "diverged" else None  # outside the clock
     curve = [q for q in curve if q["tokens"] < tokens]  # an evaluation of these very weights is replaced by it
     if final is not None:
@@ -628,7 +628,7 @@ def run_all(args):
     threads = args.threads or torch.get_num_threads()  # the same for every run
     lrs = [] if args.skip_hf else [float(x) for x in args.hf_lrs.split(",") if x.strip()]
     s = flags.parse_args(ours_argv(args, 0, args.out))  # our settings as train.py resolves them
-    if lrs and not planning.budget_seconds(s):
+    if lrs and not budget.budget_seconds(s):
         raise SystemExit("error: HF runs need a wall-clock budget (--minutes)")
     device, _, _ = parallel.setup_device(s.device)
     meta = train.prepare(s, device, 0, 1)  # the same cache entry train.py uses

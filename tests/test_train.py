@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 
+import budget
 import flags
 import grow
 import model
@@ -109,10 +110,10 @@ def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(sample_ca
 
 
 def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
-    budget = train.Budget(flags.parse_args(["--minutes", "2", "--max-tokens", "10000"]))
-    assert budget.left(step=5, tokens=9000, elapsed=30.0) == "1,000 tokens"
-    assert budget.left(step=5, tokens=100, elapsed=90.0) == "0.5 min"
-    assert train.Budget(flags.parse_args(["--max-steps", "40"])).left(10, 0, 0.0) == "30 steps"
+    clock = budget.Budget(flags.parse_args(["--minutes", "2", "--max-tokens", "10000"]))
+    assert clock.left(step=5, tokens=9000, elapsed=30.0) == "1,000 tokens"
+    assert clock.left(step=5, tokens=100, elapsed=90.0) == "0.5 min"
+    assert budget.Budget(flags.parse_args(["--max-steps", "40"])).left(10, 0, 0.0) == "30 steps"
 
 
 # --- end to end -------------------------------------------------------------------------
@@ -155,17 +156,17 @@ def test_log_records_lr_and_batch_ramp(sample_cache, tmp_path):
 
 
 def test_the_step_cut_at_the_deadline_is_the_last_even_if_the_clock_stops_just_short():
-    budget = train.Budget(flags.parse_args(["--minutes", "1"]), elapsed=59.9)  # 0.1 s before the deadline
+    clock = budget.Budget(flags.parse_args(["--minutes", "1"]), elapsed=59.9)  # 0.1 s before the deadline
     state = train.RunState()
-    assert budget.progress(0, 0, budget.elapsed()) < 1.0
-    assert train.ends_past_deadline(budget, state, None, 1, micro_seconds=0.5)  # one more: 0.4 s late
-    assert budget.progress(0, 0, budget.elapsed()) == 1.0                        # so no new step starts
+    assert clock.progress(0, 0, clock.elapsed()) < 1.0
+    assert budget.ends_past_deadline(clock, state, None, 1, micro_seconds=0.5)  # one more: 0.4 s late
+    assert clock.progress(0, 0, clock.elapsed()) == 1.0                        # so no new step starts
 
 
 def test_a_micro_batch_that_ends_before_the_deadline_is_not_the_last():
-    budget = train.Budget(flags.parse_args(["--minutes", "1"]), elapsed=50.0)
-    assert not train.ends_past_deadline(budget, train.RunState(), None, 1, micro_seconds=0.5)
-    assert budget.progress(0, 0, budget.elapsed()) < 1.0
+    clock = budget.Budget(flags.parse_args(["--minutes", "1"]), elapsed=50.0)
+    assert not budget.ends_past_deadline(clock, train.RunState(), None, 1, micro_seconds=0.5)
+    assert clock.progress(0, 0, clock.elapsed()) < 1.0
 
 
 def test_wall_clock_budget_stops_within_one_step(sample_cache, tmp_path):

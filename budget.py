@@ -1,15 +1,15 @@
 """budget.py: the wall-clock budget of cramming. Progress against every budget given, the hard
 deadline, and stop signals.
 
-    clock = budget.Budget(args)                          # args: hours, minutes, max_steps, max_tokens
+    clock = budget.Budget(args)                          # hours, minutes, max_steps, max_tokens
     p = clock.progress(step, tokens, clock.elapsed())    # in [0, 1]: every schedule reads it
     last = budget.ends_past_deadline(clock, state, device, world, seconds_of_last_micro_batch)
     handlers = budget.catch_stop_signals(clock)          # SIGTERM, SIGINT: clock.signals
 
-A run ends when the first budget given is spent: wall clock (--hours, --minutes), optimizer steps or
-training tokens. Progress p is the largest fraction used, so the schedules (learning rate, batch ramp,
-growth) are functions of p alone and a slow step or a resume never shifts them (Geiping & Goldstein
-2022, Sec. 3). The deadline is hard: the micro-batch that would end past it is a step's last, and
+A run ends when the first budget given is spent: wall clock (--hours, --minutes), optimizer steps
+or training tokens. Progress p is the largest fraction used, so the schedules (learning rate, batch
+ramp, growth) are functions of p alone and a slow step or a resume never shifts them (Geiping &
+Goldstein 2022, Sec. 3). The deadline is hard: the micro-batch that would end past it is a step's last, and
 that step is the run's last. Signals only set a flag, so the step in flight finishes and the run
 saves before it stops. Everything here is a function of the clock and the counters; the ranks of a
 distributed run agree on both through parallel.agree_on_clock.
@@ -41,11 +41,13 @@ class Budget:
         self.start = time.time() - elapsed  # a resumed run continues the same clock
 
     def elapsed(self):
+        # wall-clock time on purpose (as cramming's check_deadline): the budget is the user's
+        # hours, so waiting on data, evaluations and checkpoints all count
         return time.time() - self.start
 
     def parts(self, step, tokens, elapsed):
         """(fraction used, what is left in its own unit) of every budget that was given."""
-        parts = []
+        parts = []  # each budget given; the one furthest along decides progress
         if self.seconds:
             left = max(0.0, self.seconds - elapsed) / 60
             parts.append((elapsed / self.seconds, f"{left:.1f} min"))
@@ -61,6 +63,8 @@ class Budget:
         return max(self.parts(step, tokens, elapsed))[1]
 
     def progress(self, step, tokens, elapsed):
+        # the largest fraction: the run ends at the first budget spent, and a schedule that reads
+        # p reaches its end exactly then (the triangle's lr is 0 at p = 1)
         if self.reached:
             return 1.0
         return min(1.0, max(fraction for fraction, _ in self.parts(step, tokens, elapsed)))
@@ -71,6 +75,8 @@ def ends_past_deadline(clock, state, device, world, micro_seconds):
     signal come)? Then it is the step's last, and at the deadline that step is the run's last
     too, even if its final micro-batch ran faster and the clock stops just short: no extra steps
     of one micro-batch."""
+    # the slowest rank's clock and any rank's signal: every rank cuts the same micro-batch, or the
+    # gradient all-reduce would wait for a rank that already stopped
     elapsed, stopped = parallel.agree_on_clock(clock.elapsed() + micro_seconds, clock.signals,
                                                device, world)
     clock.reached = clock.progress(state.step, state.tokens, elapsed) >= 1.0
@@ -85,5 +91,6 @@ def catch_stop_signals(clock):
 
 
 def restore_signal_handlers(handlers):
+    # train() may run several times in one process (the tests, the benches): leave no handler
     for sig, handler in handlers.items():
         signal.signal(sig, handler)

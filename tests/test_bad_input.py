@@ -106,11 +106,39 @@ def test_argparse_errors_show_the_short_usage_not_the_whole_help(capsys):
     (["--vocab-size", "10"], "--vocab-size must be >= 64"),
     (["--workers", "0"], "--workers must be >= 1"),
     (["--max-tokens-per-char", "0"], "--max-tokens-per-char must be > 0"),
+    (["--normalize", "XYZ"], "--normalize must be NFC, NFD, NFKC, NFKD or none (got 'XYZ')"),
 ])
 def test_data_settings_that_prepare_nothing_useful_are_refused(flags, message, tmp_path, capsys):
     cache = tmp_path / "cache"
     assert message in refuse(data.main, ["--data", "sample", "--out", str(cache), *flags], capsys)
     assert not cache.exists()
+
+
+def damaged_tokenizer(folder):
+    path = folder / "tok.json"
+    path.write_text('{"format": "growcram-tokenizer", "version": 1, "ranks": ["!!"]')
+    return path
+
+
+@pytest.mark.parametrize("corpus,extra,message", [
+    ("empty.jsonl", [], "empty.jsonl"),
+    ("no_text.jsonl", [], "no_text.jsonl"),
+    ("broken.jsonl", [], "broken.jsonl"),
+    ("good.jsonl", ["--tokenizer", "TOK"], "tok.json"),
+])
+def test_a_failed_preparation_leaves_no_cache_folder_and_names_the_file(corpus, extra, message,
+                                                                       tmp_path, capsys):
+    files = {"empty.jsonl": "", "no_text.jsonl": json.dumps({"body": "words"}) + "\n",
+             "broken.jsonl": '{"text": "one"}\n{"text": \n',
+             "good.jsonl": small_corpus(tmp_path).read_text()}
+    (tmp_path / corpus).write_text(files[corpus])
+    extra = [str(damaged_tokenizer(tmp_path)) if e == "TOK" else e for e in extra]
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    for main, argv in ((data.main, ["--out", str(cache)]),
+                       (train.main, TRAIN[2:] + ["--cache", str(cache), "--out", str(out)])):
+        line = refuse(main, ["--data", str(tmp_path / corpus), *extra, *argv], capsys)
+        assert message in line
+        assert not cache.exists() and not out.exists()  # not even an empty folder
 
 
 def test_data_out_that_is_a_file_is_refused(tmp_path, capsys):

@@ -1,0 +1,158 @@
+"""What a real machine does to a run: python -m pytest -q tests/test_faults.py
+
+Out of memory, a full disk, a busy machine, an evaluation that dies. Each fault is injected in the
+test (an out-of-memory error at chosen micro-batch sizes, a write that fails with ENOSPC, a slowed
+evaluation), and each test fails without the behaviour it checks.
+"""
+import errno
+import os
+import time
+
+import pytest
+import torch
+
+import checkpoint
+import model
+import train
+from conftest import read_log
+from test_train import run, weights
+
+
+# --- out of memory: halve the micro-batch, keep the global batch, retry the step ---------------
+
+def out_of_memory_above(monkeypatch, limit):
+    """forward_backward raises CUDA's out-of-memory error for micro-batches of more than limit
+    sequences, after reading one micro-batch, as a real step that dies halfway has."""
+    real = train.forward_backward
+
+    def step(net, loader, accum, shape, amp, too_late):
+        if shape[0] > limit:
+            loader.next_batch(*shape)
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB "
+                                         f"(micro-batch {shape[0]})")
+        return real(net, loader, accum, shape, amp, too_late)
+    monkeypatch.setattr(train, "forward_backward", step)
+
+
+def test_out_of_memory_backs_off_to_the_weights_of_the_smaller_micro_batch(sample_cache, tmp_path,
+                                                                          monkeypatch):
+    flags = ["--max-steps", "12", "--batch-ramp", "0", "--checkpoint-steps", "6"]
+    run(sample_cache, tmp_path / "small", *flags, "--micro-batch", "1")
+    out_of_memory_above(monkeypatch, 1)
+    summary = run(sample_cache, tmp_path / "big", *flags, "--micro-batch", "4")
+    assert summary["steps"] == 12 and summary["tokens"] == 12 * 256  # the global batch kept
+    backs = [r for r in read_log(tmp_path / "big") if r["kind"] == "back_off"]
+    assert [(r["step"], r["micro_batch"]) for r in backs] == [(0, 2), (0, 1)]
+    a, b = weights(tmp_path / "small" / "final"), weights(tmp_path / "big" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # bitwise: the same steps on the same data
+    # the micro-batch it settled on is saved: a resume starts there, not at --micro-batch 4
+    saved = torch.load(tmp_path / "big" / "checkpoint.pt", weights_only=False)["state"]
+    assert saved["micro_batch"] == 1
+
+
+def test_out_of_memory_at_one_sequence_is_one_line_naming_the_model_and_its_memory(
+        sample_cache, tmp_path, monkeypatch):
+    out_of_memory_above(monkeypatch, 0)
+    with pytest.raises(SystemExit) as stop:
+        run(sample_cache, tmp_path, "--max-steps", "3", "--micro-batch", "2")
+    line = str(stop.value.code)
+    assert line.startswith("error: out of memory at micro-batch 1") and "\n" not in line
+    assert "M parameters" in line and "GB per rank" in line and "--checkpoint-activations" in line
+
+
+def test_other_runtime_errors_in_a_step_are_not_taken_for_out_of_memory(sample_cache, tmp_path,
+                                                                        monkeypatch):
+    def broken(*args):
+        raise RuntimeError("shape mismatch")
+    monkeypatch.setattr(train, "forward_backward", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run(sample_cache, tmp_path, "--max-steps", "2")
+
+
+# --- a full disk: the checkpoint is lost, the previous one and the run are not ----------------
+
+def disk_full_for(monkeypatch, name, after):
+    """model.atomic_write fails with ENOSPC, halfway through writing, for paths ending in name
+    once `after` of them have been written."""
+    real, seen = model.atomic_write, []
+
+    def write(path, fill):
+        if str(path).endswith(name):
+            seen.append(path)
+            if len(seen) > after:
+                def half(f):
+                    f.write(b"partial")
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return real(path, half)
+        return real(path, fill)
+    monkeypatch.setattr(model, "atomic_write", write)
+
+
+def test_a_full_disk_costs_a_checkpoint_not_the_run_or_the_previous_checkpoint(
+        sample_cache, tmp_path, monkeypatch, capsys):
+    disk_full_for(monkeypatch, "checkpoint.pt", after=1)  # the save at step 4 works, later ones not
+    summary = run(sample_cache, tmp_path, "--max-steps", "12", "--checkpoint-steps", "4")
+    assert summary["status"] == "budget spent" and summary["steps"] == 12
+    assert os.path.isfile(tmp_path / "final" / "model.pt")
+    kept = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]
+    assert kept["step"] == 4                                           # whole, and the last good one
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]  # no half-written file
+    out = capsys.readouterr().out
+    assert "no space left on device at step 8" in out and "the previous one is intact" in out
+
+
+def test_a_full_disk_when_writing_the_final_model_is_one_line(sample_cache, tmp_path, monkeypatch):
+    disk_full_for(monkeypatch, "model.pt", after=0)
+    with pytest.raises(SystemExit) as stop:
+        run(sample_cache, tmp_path, "--max-steps", "3")
+    line = str(stop.value.code)
+    assert "no space left on device" in line and "checkpoint.pt" in line and "\n" not in line
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["step"] == 3
+
+
+def test_the_checkpoint_is_written_before_an_evaluation_that_dies(sample_cache, tmp_path,
+                                                                  monkeypatch):
+    real = train.evaluate
+
+    def dies_in_the_loop(run_, net, within_budget=False):
+        if within_budget:
+            raise RuntimeError("killed during evaluation")
+        return real(run_, net, within_budget)
+    monkeypatch.setattr(train, "evaluate", dies_in_the_loop)
+    with pytest.raises(RuntimeError, match="killed during evaluation"):
+        run(sample_cache, tmp_path, "--max-steps", "10", "--eval-every", "0.5",
+            "--checkpoint-steps", "5")
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["step"] == 5
+
+
+def test_resume_reads_the_checkpoint_onto_the_cpu_first(tmp_path, monkeypatch):
+    torch.save({"model": {}, "config": {}}, tmp_path / "checkpoint.pt")
+    real, where = torch.load, []
+
+    def load(*args, **kwargs):
+        where.append(kwargs.get("map_location"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(torch, "load", load)
+    checkpoint.load(str(tmp_path / "checkpoint.pt"))
+    assert where == ["cpu"]  # never more GPU memory than the run had
+
+
+# --- a busy machine: evaluations inside the budget --------------------------------------------
+
+def test_a_slow_evaluation_is_cut_to_the_batches_that_fit_in_the_budget(sample_cache, tmp_path,
+                                                                       monkeypatch):
+    real = model.Transformer.forward
+
+    def slow_when_evaluating(self, *args, **kwargs):
+        if not self.training:
+            time.sleep(0.15)  # a busy machine: 20 held-out batches take 3 s, as the budget
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(model.Transformer, "forward", slow_when_evaluating)
+    summary = run(sample_cache, tmp_path, "--minutes", "0.05", "--eval-every", "0.5",
+                  "--eval-batches", "20")
+    # the whole run ends within its deadline plus one micro-batch (and this machine's jitter)
+    assert summary["elapsed_s"] < 3.0 + 0.5
+    evals = [r for r in read_log(tmp_path) if r["kind"] == "eval"]
+    in_loop = [r for r in evals if 0 < r["progress"] < 1]
+    assert in_loop and all(r.get("eval_batches", 20) < 20 for r in in_loop[-1:])
+    assert "eval_batches" not in evals[0] and "eval_batches" not in evals[-1]  # off the clock

@@ -169,27 +169,31 @@ def load_init(path):
             raise SystemExit(f"error: --init-from {path}: not a checkpoint.pt with weights")
         weights, config = ckpt["model"], ckpt["config"]
         folder = os.path.join(folder, "final")
-    elif os.path.isfile(os.path.join(path, "model.pt")):
-        try:
-            net = model.load_model(path)
-        except ValueError as e:
-            raise SystemExit(f"error: --init-from {e}") from None
-        weights, config = net.state_dict(), net.config
-    elif os.path.isfile(os.path.join(path, "model.safetensors")):
-        import export  # only here: export.py needs safetensors, which training does not
-        try:
-            net = export.load_exported(path)
-        except ValueError as e:
-            raise SystemExit(f"error: --init-from {e}") from None
-        weights, config = net.state_dict(), net.config
     else:
-        raise SystemExit(f"error: --init-from {path}: no model.pt, model.safetensors or "
-                         "checkpoint.pt there (a Distributed Checkpoint folder: gather it with a "
-                         "finished run's final/)")
+        net = load_folder(path)
+        weights, config = net.state_dict(), net.config
     # export.py writes a Hugging Face tokenizer.json, and keeps ours as growcram_tokenizer.json
     found = [os.path.join(folder, name) for name in ("growcram_tokenizer.json", "tokenizer.json")]
-    tokenizer = next((f for f in found if os.path.isfile(f) and is_our_tokenizer(f)), None)
-    return {"config": config, "weights": weights, "tokenizer": tokenizer}
+    ours = next((f for f in found if os.path.isfile(f) and is_our_tokenizer(f)), None)
+    return {"config": config, "weights": weights, "tokenizer": ours}
+
+
+def load_folder(path):
+    """The plain model in model.py's folder (model.pt) or in one export.py wrote
+    (model.safetensors); a one-line error for anything else."""
+    if os.path.isfile(os.path.join(path, "model.pt")):
+        load = model.load_model
+    elif os.path.isfile(os.path.join(path, "model.safetensors")):
+        import export  # only here: export.py needs safetensors, which training does not
+        load = export.load_exported
+    else:
+        raise SystemExit(f"error: --init-from {path}: no model.pt, model.safetensors or "
+                         "checkpoint.pt there (a Distributed Checkpoint folder: use a finished "
+                         "run's final/)")
+    try:
+        return load(path)
+    except ValueError as e:
+        raise SystemExit(f"error: --init-from {e}") from None
 
 
 def is_our_tokenizer(path):

@@ -86,6 +86,7 @@ import torch
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path[:0] = [ROOT, BENCH]  # the project's modules and bench_model.py, also when imported from tests
+import budget  # noqa: E402
 import flags  # noqa: E402
 import model  # noqa: E402
 import parallel  # noqa: E402

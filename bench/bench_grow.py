@@ -52,7 +52,6 @@ BASELINES = ("static lr x0.5", "static lr x1", "static lr x2", "static half dept
 
 def target_config(train_flags):
     """The target model's config and the width rule's learning rate, as train.py resolves --train-flags."""
-    import train
     args = flags.parse_args(["--max-steps", "1", *shlex.split(train_flags)])
     cfg = planning.model_config(args, args.vocab_size or 512)
     return cfg, args.lr or round(1e-3 * 768 / cfg["d_model"], 6)  # planning.choose_defaults' rule

@@ -50,6 +50,22 @@ def test_out_of_memory_backs_off_to_the_weights_of_the_smaller_micro_batch(sampl
     assert saved["micro_batch"] == 1
 
 
+def test_a_growth_stage_that_no_longer_fits_backs_off_again(sample_cache, tmp_path, monkeypatch):
+    real = train.forward_backward
+
+    def step(net, loader, accum, shape, amp, too_late):  # only the grown, 2-layer model is too big
+        if model.unwrap(net).config["n_layers"] == 2 and shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+        return real(net, loader, accum, shape, amp, too_late)
+    monkeypatch.setattr(train, "forward_backward", step)
+    summary = run(sample_cache, tmp_path, "--max-steps", "10", "--batch-ramp", "0",
+                  "--grow", "0:n_layers=1; 0.5:n_layers=2")
+    log = read_log(tmp_path)
+    grown = next(r["step"] for r in log if r["kind"] == "grow")
+    assert [(r["step"], r["micro_batch"]) for r in log if r["kind"] == "back_off"] == [(grown, 2)]
+    assert summary["steps"] == 10 and summary["tokens"] == 10 * 256
+
+
 def test_out_of_memory_at_one_sequence_is_one_line_naming_the_model_and_its_memory(
         sample_cache, tmp_path, monkeypatch):
     out_of_memory_above(monkeypatch, 0)

@@ -64,11 +64,14 @@ class Budget:
 
     def progress(self, step, tokens, elapsed):
         # the largest fraction: the run ends at the first budget spent, and a schedule that reads
-        # p reaches its end exactly then (the triangle's lr is 0 at p = 1)
+        # p reaches its end exactly then (the triangle's lr is 0 at p = 1). Called before every
+        # micro-batch, so no text is formatted here (parts() makes the text for the bar)
         if self.reached:
             return 1.0
-        return min(1.0, max(fraction for fraction, _ in self.parts(step, tokens, elapsed)))
-
+        used = [elapsed / self.seconds if self.seconds else 0.0,
+                step / self.max_steps if self.max_steps else 0.0,
+                tokens / self.max_tokens if self.max_tokens else 0.0]
+        return min(1.0, max(used))
 
 def ends_past_deadline(clock, state, device, world, micro_seconds):
     """Would one more micro-batch, as long as the last one, end past the deadline (or has a stop

@@ -3,7 +3,8 @@
 # before step 1b was added; 1b is not timed yet):
 #   bash bench/gpu_check.sh [RESULTS_DIR]        (default: $OUT if set, else runs/gpu_check)
 # 1. bench_model.py, eager, bf16, batch 256 x 128: our base model against Hugging Face BertForMaskedLM (the ratio);
-# 1b. the same against ModernBertForMaskedLM of our shape (--baseline modernbert, bench_model.hf_modernbert);
+# 1b. the same against ModernBertForMaskedLM of our shape (--baseline modernbert,
+#     bench_model.hf_modernbert);
 # 2. bench_model.py --compile --skip-hf: our base model's MFU, the number the target (>= 45% on an H200)
 #    is about;
 # 3. bench_data.py on the GPU: the loader next to a training step, with pinned memory and prefetching
@@ -41,7 +42,8 @@ step() {  # step NAME COMMAND...: run it, append its output to log.txt, remember
 }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "no nvidia-smi"
   "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$log"
-step bench_model "$py" bench/bench_model.py "${model[@]}" --baseline bert --out "$out/bench_model.json"
+step bench_model "$py" bench/bench_model.py "${model[@]}" --baseline bert \
+    --out "$out/bench_model.json"
 step bench_model_modernbert "$py" bench/bench_model.py "${model[@]}" --baseline modernbert \
     --out "$out/bench_model_modernbert.json"
 step bench_model_compiled "$py" bench/bench_model.py "${model[@]}" --compile --skip-hf \

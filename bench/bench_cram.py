@@ -1,8 +1,10 @@
-"""Mini-cram, side by side: our recipe (train.py) against Hugging Face BERT with a tuned learning rate, each given
-the same wall clock on the same data.
+"""Mini-cram, side by side: our recipe (train.py) against a Hugging Face baseline (ModernBERT by
+default, or BERT) with a tuned learning rate, each given the same wall clock on the same data.
 
     python bench/bench_cram.py                                   # sample corpus, 4 x 128, 3 CPU minutes per run
     python bench/bench_cram.py --minutes 10 --seeds 3 --out runs/bench_cram
+    python bench/bench_cram.py --baseline bert         # against BertForMaskedLM, BERT's own sweep
+    python bench/bench_cram.py --hf-schedule wsd       # ModernBERT with its warmup-stable-decay
     python bench/bench_cram.py --data corpus.jsonl --ours-flags "--lr 2e-3 --schedule one-cycle"
     python bench/bench_cram.py --analyze-only --out runs/bench_cram          # re-print results.json, redraw curves
     python bench/bench_cram.py --minutes 0.15 --vocab-size 512 --n-layers 2 --d-model 64 --ffn-dim 256 \
@@ -10,27 +12,35 @@ the same wall clock on the same data.
         --no-downstream --out runs/bench_smoke                       # a smoke run: ~35 s on a busy 2-core CPU
 
 What is compared. (1) Ours: train.main with the shape flags, --minutes and --ours-flags; everything else is
-train.py's default recipe (pre-LN crammed-BERT block, sparse MLM, budget triangle, batch ramp). (2) The baseline:
-`BertForMaskedLM` (bench_model.hf_bert: post-LN, learned positions, GELU feed-forward, dense MLM head) of the
-same depth, width, heads and vocabulary, trained once per learning rate in --hf-lrs. Every run gets --minutes
-of wall clock; the best HF learning rate by final held-out loss is the baseline.
+train.py's default recipe (pre-LN crammed-BERT block, sparse MLM, budget triangle, batch ramp).
+(2) The baseline (--baseline): `ModernBertForMaskedLM` (default; bench_model.hf_modernbert:
+pre-LN, GeGLU of our gated width, rotary, every layer global, sparse prediction, no biases) or
+`BertForMaskedLM` (bench_model.hf_bert: post-LN, learned positions, GELU feed-forward, dense MLM
+head), of the same depth, width, heads and vocabulary, trained once per learning rate in --hf-lrs
+(default per baseline, DEFAULT_HF_LRS: ModernBERT's reaches 8e-3). Every run gets --minutes of
+wall clock; the best HF learning rate by final held-out loss is the baseline.
 
 Why it is fair (a comparison counts only if the baseline had a fair chance):
   - data: the same tokenizer, the same training stream (loader.make_loader, train split, same seed) and the same
     masks: HF gets dense labels (-100 elsewhere) scattered from our sparse labels, so both predict the same
-    tokens at the same positions. Held-out loss is measured the same way for both (train.evaluate's batches:
+    tokens at the same positions (ModernBERT's sparse head keeps exactly the positions whose label
+    is not -100). Held-out loss is measured the same way for both (train.evaluate's batches:
     the val split in order, seed 1234, --eval-batches x --micro-batch sequences) at the same fractions of the
     budget (every 10%), and evaluation time counts against both clocks; the final evaluation is outside both.
   - recipe: HF gets the standard BERT/RoBERTa recipe, not a strawman: AdamW betas (0.9, 0.98), eps 1e-6,
     weight decay 0.01 except on biases and norms, clipping at 1.0, 6% warm-up then linear decay to zero as a
     function of elapsed / budget (fully decayed at the deadline, as ours is), a fixed batch of --batch-tokens
-    by accumulation, and a sweep over learning rates. Dropout is 0 for both (cramming pretrains without it).
+    by accumulation, and a sweep over learning rates. --hf-schedule wsd swaps in ModernBERT's
+    schedule (6% warm-up, constant, 1-sqrt decay to zero over the last 20%); the optimizer and
+    weight decay stay. Dropout is 0 for both (cramming pretrains without it).
     Like train.py, HF checks the clock before every micro-batch, so neither runs past the deadline by more than
     one micro-batch.
-  - size: --ffn-dim is HF's intermediate width. Our gated FFN (geglu) has 3 d f weights against HF's 2 d I, so
-    ours gets f = 2 I / 3 rounded to a multiple of 32 (I = 512 -> f = 352): 1.33 M parameters against HF's
-    1.36 M at the default shape (model.count_params; HF additionally has biases, a learned position table and
-    an MLM transform). Give --ours-flags "--ffn-dim N" to choose ours yourself.
+  - size: --ffn-dim is a GELU FFN's width, BERT's intermediate width. Our gated FFN (geglu) has
+    3 d f weights against BERT's 2 d I, so ours gets f = 2 I / 3 rounded to a multiple of 32
+    (I = 512 -> f = 352): 1.33 M parameters against BERT's 1.36 M at the default shape
+    (model.count_params; BERT additionally has biases, a learned position table and an MLM
+    transform). ModernBERT's GeGLU gets our f (its Wi is d x 2f): 1.34 M (its MLM transform's
+    d x d, less our norms' biases). Give --ours-flags "--ffn-dim N" to choose ours yourself.
   - machine: runs execute one at a time in one process, alternating per seed (ours, HF lr 1, HF lr 2, ...),
     on the same device and autocast dtype and the same torch thread count (--threads). Load from other
     processes still adds noise: compare tokens/s across the HF runs, which train the same model.
@@ -41,8 +51,8 @@ Why it is fair (a comparison counts only if the baseline had a fair chance):
 What is reported: loss at equal time (each run's final held-out loss, all with the same budget); the
 time-to-loss speedup, (best HF run's seconds to reach its own final loss) / (our seconds to reach that loss),
 with linear interpolation between evaluations ("not reached" if ours never gets there); and the same in tokens,
-so throughput (tokens/s; HF's dense MLM head scores all T positions, ours only the masked 25%) and recipe
-(loss per token) can be told apart. Output in --out: results.json,
+so throughput (tokens/s; BERT's dense MLM head scores all T positions, ours and ModernBERT's
+only the masked 25%) and recipe (loss per token) can be told apart. Output in --out: results.json,
 curves.png (if matplotlib is installed), ours_seed*/ (train.py's run folders).
 
 Downstream check (skip with --no-downstream; --downstream-only reruns it on OUT's checkpoint): seed 0's
@@ -93,10 +103,23 @@ import parallel  # noqa: E402
 import planning  # noqa: E402
 import train  # noqa: E402
 from loader import make_loader  # noqa: E402
-from bench_model import hf_bert  # noqa: E402
+from bench_model import BASELINES, hf_baseline, modernbert_intermediate  # noqa: E402
 
 EVAL_EVERY = 0.1          # held-out evaluations at every tenth of the budget, for both models
 HF_WARMUP = 0.06          # fraction of the budget
+# The default HF learning-rate sweep per baseline. Post-LN BERT diverges above a few 1e-3; pre-LN
+# ModernBERT trains at high rates at small width (its base model's peak is 8e-4 at width 768 with
+# batches of millions of tokens: Warner et al. 2024, repo yamls/modernbert), so its sweep reaches
+# 8e-3.
+DEFAULT_HF_LRS = {"bert": "1e-4,3e-4,1e-3,2e-3,4e-3", "modernbert": "1e-3,2e-3,4e-3,8e-3"}
+# --hf-schedule wsd: ModernBERT's warmup-stable-decay, a 1-sqrt decay at the end (Warner et al.
+# 2024, repo yamls/modernbert). The decay takes the last 20% of the budget: the cooldown that
+# Haegele et al. 2024 ("Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+# Durations") find to match a cosine schedule.
+WSD_DECAY = 0.2
+HF_SCHEDULES = {"linear": f"{HF_WARMUP:.0%} warm-up, then linear to 0 at the deadline",
+                "wsd": f"{HF_WARMUP:.0%} warm-up, constant, 1-sqrt decay to 0 over the last "
+                       f"{WSD_DECAY:.0%}"}
 CORPUS = os.path.join(ROOT, "corpora", "shakespeare.jsonl.gz")
 PLAYS = ("hamlet", "macbeth", "romeo and juliet", "tempest", "midsummer nights dream", "julius caesar")
 # data.py sends every round(1 / val_fraction)-th document to the validation split: at its default 0.05 these
@@ -152,13 +175,26 @@ def run_ours(args, seed):
             "params": summary["params_total"], "out": out}
 
 
-def hf_model(cfg, intermediate):
-    """bench_model.hf_bert of our config (dropout 0, like our pretraining) with HF's FFN width `intermediate`."""
-    net = hf_bert(cfg, dropout=0.0)
-    if net.config.intermediate_size != intermediate:  # hf_bert builds BERT's 4 x d_model
-        net.config.intermediate_size = intermediate
-        net = type(net)(net.config)
-    return net
+def hf_intermediate(baseline, cfg, bert_ffn_dim):
+    """The HF baseline's FFN width: --ffn-dim for BERT (ours gets the same weights, ours_ffn_dim);
+    our own gated width for ModernBERT, whose GeGLU has the same 3 d f weights
+    (bench_model.modernbert_intermediate)."""
+    return bert_ffn_dim if baseline == "bert" else modernbert_intermediate(cfg)
+
+
+def hf_lr_multiplier(p, schedule="linear"):
+    """The HF learning rate as a fraction of its peak at budget progress p: "linear" (the
+    BERT/RoBERTa recipe: warm-up, then linear decay to 0 at the deadline) or "wsd" (warm-up,
+    constant, then 1 - sqrt of the decay's progress over the last WSD_DECAY of the budget,
+    ModernBERT's schedule)."""
+    if schedule == "linear":
+        return train.lr_multiplier(p, "linear", HF_WARMUP)
+    if schedule != "wsd":
+        raise ValueError(f"unknown HF schedule {schedule!r}; choose from {', '.join(HF_SCHEDULES)}")
+    if p < HF_WARMUP:
+        return p / HF_WARMUP
+    q = (p - (1.0 - WSD_DECAY)) / WSD_DECAY  # progress through the decay, < 0 before it starts
+    return 1.0 if q <= 0 else max(0.0, 1.0 - math.sqrt(min(q, 1.0)))
 
 
 def dense_labels(batch):
@@ -183,12 +219,14 @@ def hf_evaluate(net, meta, s, device, dtype):
     return total / s.eval_batches
 
 
-def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
-    """Train HF BERT for the wall-clock budget at peak learning rate lr. s: our run's parsed train.py args."""
+def run_hf(s, meta, arm, lr, seed):
+    """Train the HF baseline for the wall-clock budget at peak learning rate lr. s: our run's
+    parsed train.py args; arm: {"baseline", "cfg" (our model config), "intermediate" (its FFN
+    width), "schedule" (hf_lr_multiplier's)}."""
     device, _, _ = parallel.setup_device(s.device)
     dtype = parallel.autocast_dtype(s.dtype, device)
     torch.manual_seed(seed)
-    net = hf_model(cfg, hf_intermediate).to(device).train()
+    net = hf_baseline(arm["baseline"], arm["cfg"], arm["intermediate"]).to(device).train()
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
                                    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
@@ -205,7 +243,7 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
         if p >= 1.0:
             break
         for group in optimizer.param_groups:
-            group["lr"] = lr * train.lr_multiplier(p, "linear", HF_WARMUP)
+            group["lr"] = lr * hf_lr_multiplier(p, arm["schedule"])
         loss_sum, done, micro_seconds = torch.zeros((), device=device), 0, 0.0
         for micro in range(accum):
             last = micro == accum - 1 or (micro > 0 and budget.ends_past_deadline(clock, state, device, 1, micro_seconds))
@@ -215,7 +253,7 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
             loss_sum, done, micro_seconds = loss_sum + loss.detach(), done + 1, time.time() - started
             if last:
                 break
-        if not math.isfinite(loss_sum.item()):  # diverged (too high a rate for post-LN BERT); one GPU wait per step
+        if not math.isfinite(loss_sum.item()):  # diverged (too high a rate); one GPU wait per step
             status = "diverged"
             break
         if done < accum:  # cut at the deadline: the mean over the micro-batches done, as train.py's
@@ -234,7 +272,8 @@ def run_hf(s, meta, cfg, hf_intermediate, lr, seed):
     curve = [q for q in curve if q["tokens"] < tokens]  # an evaluation of these very weights is replaced by it
     if final is not None:
         curve.append({"elapsed": round(elapsed, 3), "tokens": tokens, "val_loss": final})
-    return {"model": "hf", "seed": seed, "lr": lr, "status": status, "curve": curve, "final_loss": final,
+    return {"model": "hf", "baseline": arm["baseline"], "seed": seed, "lr": lr, "status": status,
+            "curve": curve, "final_loss": final,
             "tokens": tokens, "elapsed": round(elapsed, 2), "tokens_per_s": round(tokens / max(elapsed, 1e-9)),
             "params": sum(q.numel() for q in net.parameters()), "out": None}
 
@@ -474,7 +513,10 @@ def fmt(x, spec):
 
 
 def run_name(r):
-    return "ours (train.py)" if r["model"] == "ours" else f"HF BERT lr {r['lr']:g}"
+    if r["model"] == "ours":
+        return "ours (train.py)"
+    # results.json written before --baseline existed: BERT
+    return f"HF {BASELINES[r.get('baseline', 'bert')]} lr {r['lr']:g}"
 
 
 def curve_cell(points, i):
@@ -506,12 +548,24 @@ def seed_report(c, ours, hf, best_lr):
                     token_line]
 
 
+def hf_description(settings):
+    """The HF baseline and its recipe in words, from results.json's settings (BERT in those
+    written before --baseline existed)."""
+    baseline = settings.get("baseline", "bert")
+    model_class = {"bert": "BertForMaskedLM", "modernbert": "ModernBertForMaskedLM"}[baseline]
+    if "hf_recipe" not in settings:  # --skip-hf
+        return BASELINES[baseline]
+    width = settings.get("hf_intermediate", "-")
+    return (f"{BASELINES[baseline]} ({model_class}, FFN width {width}), "
+            f"schedule: {settings['hf_recipe']['schedule']}")
+
+
 def report(results):
     """Print the run table, each seed's curves and speedups, and the downstream check; return the text."""
     runs, a, st = results["runs"], results["analysis"], results["settings"]
     lines = [f"\nmini-cram on {st['data']}: {st['n_layers']} x {st['d_model']}, {st['n_heads']} heads, vocab "
              f"{st['vocab_size']}, {st['minutes']:g} min per run, {st['threads']} torch thread(s), {st['device']}",
-             f"order: {', '.join(st['order'])}", "",
+             f"HF baseline: {hf_description(st)}", f"order: {', '.join(st['order'])}", "",
              f"{'run':<22} {'seed':>4} {'params':>8} {'final loss':>10} {'tokens':>11} {'tokens/s':>9}  status"]
     for r in runs:
         best = "  <- baseline" if r["model"] == "hf" and r["lr"] == a["best_lr"] else ""
@@ -574,8 +628,10 @@ def parse_args(argv=None):
     p.add_argument("--n-layers", type=int, default=4, help="layers (default: 4)")
     p.add_argument("--d-model", type=int, default=128, help="hidden size (default: 128)")
     p.add_argument("--n-heads", type=int, default=4, help="attention heads (default: 4)")
-    p.add_argument("--ffn-dim", type=int, default=512, help="HF's intermediate size (default: 512 = 4 d); ours "
-                   "gets the same weights: 2/3 of it for a gated FFN, rounded to a multiple of 32")
+    p.add_argument("--ffn-dim", type=int, default=512,
+                   help="a GELU FFN's width (default: 512 = 4 d): HF BERT's intermediate size; "
+                   "ours gets the same weights, 2/3 of it for a gated FFN rounded to a multiple "
+                   "of 32, and ModernBERT's GeGLU the same width as ours")
     p.add_argument("--max-seq-len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary (default: 4096)")
     # Batch and evaluation, shared by both models
@@ -583,7 +639,14 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch", type=int, default=32, help="sequences per forward pass (default: 32)")
     p.add_argument("--eval-batches", type=int, default=10, help="held-out batches per evaluation (default: 10)")
     # The runs
-    p.add_argument("--hf-lrs", default="1e-4,3e-4,1e-3,2e-3,4e-3", help="HF peak learning rates, one run each")
+    p.add_argument("--baseline", choices=list(BASELINES), default="modernbert",
+                   help="the HF model: modernbert (default, ModernBertForMaskedLM) or bert "
+                   "(BertForMaskedLM)")
+    p.add_argument("--hf-lrs", default=None, help="HF peak learning rates, one run each (default: "
+                   + "; ".join(f"{b} {lrs}" for b, lrs in DEFAULT_HF_LRS.items()) + ")")
+    p.add_argument("--hf-schedule", choices=list(HF_SCHEDULES), default="linear",
+                   help="HF learning-rate schedule: linear (default: 6%% warm-up, linear decay to "
+                   "0) or wsd (ModernBERT's warmup-stable-decay, 1-sqrt decay over the last 20%%)")
     p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1, each runs ours and every HF lr (default: 1)")
     p.add_argument("--ours-flags", default="", help="extra train.py flags as one string, e.g. \"--lr 2e-3\" "
                    "(default: none, train.py's recipe)")
@@ -600,7 +663,10 @@ def parse_args(argv=None):
     p.add_argument("--downstream-seeds", type=int, default=3, help="fine-tuning seeds per arm and task, median "
                    "reported (default: 3)")
     p.add_argument("--out", default="runs/bench_cram", help="output folder (default: runs/bench_cram)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.hf_lrs is None:  # the sweep of the chosen baseline; recorded in results.json's settings
+        args.hf_lrs = DEFAULT_HF_LRS[args.baseline]
+    return args
 
 
 def main(argv=None):
@@ -634,6 +700,9 @@ def run_all(args):
     device, _, _ = parallel.setup_device(s.device)
     meta = train.prepare(s, device, 0, 1)  # the same cache entry train.py uses
     cfg = planning.model_config(s, meta["n_vocab"])
+    arm = {"baseline": args.baseline, "cfg": cfg, "schedule": args.hf_schedule,
+           "intermediate": hf_intermediate(args.baseline, cfg, args.ffn_dim)}
+    hf_name = f"HF {BASELINES[args.baseline]}"
     order = [f"{'ours' if lr is None else f'hf lr {lr:g}'} seed {seed}"
              for seed in range(args.seeds) for lr in [None, *lrs]]
     print("runs, one at a time: " + ", ".join(order))
@@ -642,16 +711,19 @@ def run_all(args):
         for lr in [None, *lrs]:
             torch.set_num_threads(threads)
             gc.collect()
-            print(f"\n=== {'ours' if lr is None else f'HF BERT lr {lr:g}'}, seed {seed} ===")
-            runs.append(run_ours(args, seed) if lr is None else run_hf(s, meta, cfg, args.ffn_dim, lr, seed))
+            print(f"\n=== {'ours' if lr is None else f'{hf_name} lr {lr:g}'}, seed {seed} ===")
+            runs.append(run_ours(args, seed) if lr is None else run_hf(s, meta, arm, lr, seed))
             if lr is not None:
                 r = runs[-1]
-                print(f"HF BERT lr {lr:g}: {r['status']}, {r['tokens']:,} tokens, {r['tokens_per_s']:,} tokens/s, "
+                print(f"{hf_name} lr {lr:g}: {r['status']}, {r['tokens']:,} tokens, "
+                      f"{r['tokens_per_s']:,} tokens/s, "
                       f"final held-out loss {fmt(r['final_loss'], '.3f')}")
     settings = {**vars(args), "threads": threads, "device": str(device), "ours_ffn_dim": s.ffn_dim,
+                "hf_intermediate": arm["intermediate"],
                 "dtype": str(parallel.autocast_dtype(s.dtype, device)).replace("torch.", ""), "order": order,
                 "hf_recipe": {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "clip": 1.0,
-                              "warmup": HF_WARMUP, "schedule": "linear to 0 at the deadline", "dropout": 0.0}}
+                              "warmup": HF_WARMUP, "schedule": HF_SCHEDULES[args.hf_schedule],
+                              "dropout": 0.0}}
     results = {"settings": settings, "runs": runs}
     os.makedirs(args.out, exist_ok=True)  # saved now, so a failure in the downstream check loses no run
     model.atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The GPU checks as one prepared command, for a CUDA machine (about 6 minutes on an H100/H200):
+# The GPU checks as one prepared command, for a CUDA machine (about 6 minutes on an H100/H200
+# before step 1b was added; 1b is not timed yet):
 #   bash bench/gpu_check.sh [RESULTS_DIR]        (default: $OUT if set, else runs/gpu_check)
 # 1. bench_model.py, eager, bf16, batch 256 x 128: our base model against Hugging Face BertForMaskedLM (the ratio);
+# 1b. the same against ModernBertForMaskedLM of our shape (--baseline modernbert,
+#     bench_model.hf_modernbert);
 # 2. bench_model.py --compile --skip-hf: our base model's MFU, the number the target (>= 45% on an H200)
 #    is about;
 # 3. bench_data.py on the GPU: the loader next to a training step, with pinned memory and prefetching
@@ -11,8 +14,8 @@
 # 5. evaluate_glue.py fine-tuning that model on the GPU (bf16, padded batches) on a toy task of our own: which of
 #    two plays a line comes from (--task-file).
 # Each step runs even when an earlier one failed; the script exits non-zero if any did. Results land in RESULTS_DIR
-# as seven small files (log.txt, three benchmark JSONs, train.py's summary and last step records, the fine-tuning
-# results); the caches and the trained model stay in /tmp.
+# as eight small files (log.txt, four benchmark JSONs, train.py's summary and last step records,
+# the fine-tuning results); the caches and the trained model stay in /tmp.
 # Rehearse it on a CPU in about a minute (tiny model, fp32, seconds-long run):
 #   GPU_CHECK_REHEARSAL=1 bash bench/gpu_check.sh /tmp/rehearsal
 set -uo pipefail
@@ -39,7 +42,10 @@ step() {  # step NAME COMMAND...: run it, append its output to log.txt, remember
 }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "no nvidia-smi"
   "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$log"
-step bench_model "$py" bench/bench_model.py "${model[@]}" --out "$out/bench_model.json"
+step bench_model "$py" bench/bench_model.py "${model[@]}" --baseline bert \
+    --out "$out/bench_model.json"
+step bench_model_modernbert "$py" bench/bench_model.py "${model[@]}" --baseline modernbert \
+    --out "$out/bench_model_modernbert.json"
 step bench_model_compiled "$py" bench/bench_model.py "${model[@]}" --compile --skip-hf \
     --out "$out/bench_model_compiled.json"
 step bench_data "$py" bench/bench_data.py "${data[@]}" --out "$out/bench_data.json"

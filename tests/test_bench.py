@@ -4,7 +4,8 @@ The numbers they print depend on the machine. For bench_model (throughput, MFU) 
 times the same work for both models, and turns a throughput into MFU with model.py's FLOP count. For bench_cram
 (ours against Hugging Face BERT at equal wall clock): the speedup analysis on synthetic curves, that both models
 get the same masked targets, that a tiny learning-rate sweep reports every run, and the downstream tasks (which play,
-word order).
+word order). The ModernBERT baseline (--baseline modernbert, the default): our shape and about our
+parameter count, sparse prediction over exactly our masked positions, its sweep and schedule.
 """
 import importlib.util
 import json
@@ -66,9 +67,65 @@ def test_mfu_is_not_reported_without_a_known_gpu_peak(bench_model, monkeypatch, 
 
 def test_comparison_with_hugging_face_bert_prints_the_ratio(bench_model, monkeypatch, tmp_path):
     pytest.importorskip("transformers")
-    result = run_bench(bench_model, monkeypatch, tmp_path)
+    result = run_bench(bench_model, monkeypatch, tmp_path, "--baseline", "bert")
     assert result["speedup"] == pytest.approx(result["tokens_per_s_ours"] / result["tokens_per_s_hf"], rel=1e-2)
     assert result["params_hf"] > result["params_ours"]                       # post-LN BERT: biases, dense MLM head
+
+
+def n_params(net):
+    return sum(p.numel() for p in net.parameters())  # a tied matrix once
+
+
+@pytest.mark.parametrize("preset", ["tiny", "mini"])
+def test_modernbert_baseline_has_our_shape_and_about_our_parameter_count(bench_model, preset):
+    pytest.importorskip("transformers")
+    cfg = model.make_config(preset)
+    d, L = cfg["d_model"], cfg["n_layers"]
+    net = bench_model.hf_modernbert(cfg)
+    c = net.config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (L, d, cfg["n_heads"])
+    assert c.vocab_size == model.padded_vocab_size(cfg)
+    assert c.max_position_embeddings == cfg["max_seq_len"]
+    assert c.intermediate_size == cfg["ffn_dim"]                     # the same per-half gated width
+    assert net.model.layers[0].mlp.Wi.weight.shape == (2 * cfg["ffn_dim"], d)  # value and gate
+    assert c.sparse_prediction and c.layer_types == ["full_attention"] * L       # all layers global
+    assert c.rope_parameters["full_attention"]["rope_theta"] == 160_000.0        # its global theta
+    assert c.attention_dropout == c.embedding_dropout == c.mlp_dropout == 0.0
+    assert not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in net.modules())
+    assert not any(name.endswith(".bias") for name, _ in net.named_parameters())  # no biases
+    assert net.decoder.weight is net.model.embeddings.tok_embeddings.weight      # tied
+    assert c._attn_implementation == "sdpa"
+    # Exactly ours plus ModernBERT's MLM transform (dense d x d and a norm), less our norms' biases
+    # (2 L + 2 norms of 2 d each against its d), its identity norm in layer 0 and our sinusoids'
+    # scale: d^2 - (2 L + 2) d - 1 parameters apart.
+    assert n_params(net) - model.count_params(cfg) == d * d - (2 * L + 2) * d - 1
+    # Within 2% from the mini shape on; at tiny (d = 64) the head's d x d is 3.2% of ours.
+    assert abs(n_params(net) / model.count_params(cfg) - 1) < (0.02 if preset == "mini" else 0.035)
+
+
+def test_modernbert_loss_is_cross_entropy_over_our_masked_positions_only(bench_model):
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = model.make_config("tiny")
+    net = bench_model.hf_modernbert(cfg).eval()
+    b = bench_model.make_batch(cfg, batch_size=3, device="cpu")
+    out = net(input_ids=b["ids"], labels=b["dense"])
+    k = b["positions"].shape[1]
+    assert out.logits.shape == (3 * k, model.padded_vocab_size(cfg))  # the masked rows only
+    # By hand: the hidden states at our label positions, the head, the tied decoder, and the
+    # cross-entropy against our sparse labels (the targets our model is trained on).
+    h = net.model(input_ids=b["ids"]).last_hidden_state
+    h = h.gather(1, b["positions"][..., None].expand(-1, -1, h.shape[-1]))
+    logits = net.decoder(net.head(h))
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), b["labels"].flatten())
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_bench_model_runs_a_step_against_modernbert(bench_model, monkeypatch, tmp_path):
+    pytest.importorskip("transformers")
+    result = run_bench(bench_model, monkeypatch, tmp_path, "--baseline", "modernbert")
+    assert result["baseline"] == "modernbert" and result["tokens_per_s_hf"] > 0
+    assert result["params_hf"] == n_params(bench_model.hf_modernbert(model.make_config("tiny")))
 
 
 def test_compiled_model_runs(bench_model, monkeypatch, tmp_path):
@@ -103,7 +160,19 @@ def sweep(bench_cram, sample_cache, one_thread, tmp_path_factory):
     pytest.importorskip("transformers")
     out = str(tmp_path_factory.mktemp("bench_cram"))
     results = bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--minutes", "0.03", "--hf-lrs", "1e-3,3e-3",
-                                            "--no-downstream", "--out", out])
+                                            "--baseline", "bert", "--no-downstream", "--out", out])
+    return results, out
+
+
+@pytest.fixture(scope="module")
+def modernbert_sweep(bench_cram, sample_cache, one_thread, tmp_path_factory):
+    """The same tiny benchmark against ModernBERT at two rates, with its warmup-stable-decay."""
+    pytest.importorskip("transformers")
+    out = str(tmp_path_factory.mktemp("bench_cram_modernbert"))
+    results = bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--minutes", "0.03",
+                                            "--baseline", "modernbert", "--hf-lrs", "2e-3,8e-3",
+                                            "--hf-schedule", "wsd", "--no-downstream",
+                                            "--out", out])
     return results, out
 
 
@@ -351,3 +420,51 @@ def test_ablation_arms_cross_four_position_schemes_with_and_without_the_embeddin
     assert len(bench_ablation.ARMS) == 8
     assert bench_ablation.ARMS["alibi, no emb norm"] == "--positions alibi --embedding-norm off"
     assert "--objective clm" in bench_ablation.TARGET
+
+
+# --- bench_cram against ModernBERT ------------------------------------------------------------
+
+
+def test_modernbert_is_the_default_baseline_and_its_sweep_reaches_8e_3(bench_cram):
+    args = bench_cram.parse_args([])
+    assert args.baseline == "modernbert" and args.hf_schedule == "linear"
+    assert max(map(float, args.hf_lrs.split(","))) >= 8e-3
+    assert bench_cram.parse_args(["--baseline", "bert"]).hf_lrs == "1e-4,3e-4,1e-3,2e-3,4e-3"
+    assert bench_cram.parse_args(["--hf-lrs", "1e-3"]).hf_lrs == "1e-3"       # given: kept
+
+
+def test_wsd_schedule_warms_up_holds_then_decays_as_one_minus_sqrt(bench_cram):
+    f = lambda p: bench_cram.hf_lr_multiplier(p, "wsd")  # noqa: E731
+    w, start = bench_cram.HF_WARMUP, 1 - bench_cram.WSD_DECAY
+    assert f(0) == 0 and f(w / 2) == pytest.approx(0.5) and f(w) == f(0.5) == f(start) == 1.0
+    assert f(start + bench_cram.WSD_DECAY / 4) == pytest.approx(0.5)      # 1 - sqrt(1/4)
+    assert f(1.0) == pytest.approx(0.0, abs=1e-12) and f(1.2) == 0.0
+    assert bench_cram.hf_lr_multiplier(0.5) == pytest.approx(1 - (0.5 - w) / (1 - w))  # linear
+
+
+def test_modernbert_gets_our_gated_width_and_bert_the_ffn_dim_flag(bench_cram):
+    cfg = model.make_config("tiny", ffn_dim=352)
+    assert bench_cram.hf_intermediate("modernbert", cfg, 512) == 352
+    assert bench_cram.hf_intermediate("bert", cfg, 512) == 512
+    assert bench_cram.hf_intermediate("modernbert", {**cfg, "activation": "gelu"}, 512) == 235
+
+
+def test_modernbert_sweep_reports_every_lr_picks_the_best_and_names_modernbert(bench_cram,
+                                                                            modernbert_sweep):
+    results, out = modernbert_sweep
+    runs = results["runs"]
+    assert [(r["model"], r["lr"]) for r in runs] == [("ours", None), ("hf", 2e-3), ("hf", 8e-3)]
+    assert all(r["baseline"] == "modernbert" for r in runs[1:])
+    st = results["settings"]
+    assert st["baseline"] == "modernbert" and st["hf_schedule"] == "wsd"
+    assert st["hf_intermediate"] == st["ours_ffn_dim"] and "1-sqrt" in st["hf_recipe"]["schedule"]
+    for r in runs:
+        assert r["tokens"] > 0 and r["curve"] and r["elapsed"] == pytest.approx(0.03 * 60, abs=1.5)
+    finished = [r for r in runs[1:] if r["final_loss"] is not None]
+    assert finished
+    assert results["analysis"]["best_lr"] == min(finished, key=lambda r: r["final_loss"])["lr"]
+    assert abs(runs[1]["params"] / runs[0]["params"] - 1) < 0.1           # about the same size
+    text = bench_cram.report(results)
+    assert "HF baseline: ModernBERT (ModernBertForMaskedLM" in text
+    assert "HF ModernBERT lr 0.002" in text and "HF ModernBERT lr 0.008" in text
+    assert "<- baseline" in text

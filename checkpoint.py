@@ -156,7 +156,6 @@ def restored_model(ckpt, net, optimizer):
 # -----------------------------------------------------------------------------
 # Starting a new run from old weights (--init-from): continued pretraining, a longer budget
 
-@functools.lru_cache(maxsize=1)  # train.py reads it twice: for the settings, then the weights
 def load_init(path):
     """{"config", "weights", "tokenizer"} of the weights at path, on the CPU: a run's final/ folder
     (model.py's config.json and model.pt), a resumable checkpoint.pt, or a folder export.py wrote
@@ -209,10 +208,12 @@ def is_our_tokenizer(path):
 def init_config(path):
     """The model config of the weights at path (load_init's "config"), read once per path."""
     config_json = os.path.join(path, "config.json")
-    if os.path.isfile(os.path.join(path, "model.pt")) and os.path.isfile(config_json):
-        with open(config_json) as f:  # model.py's folder: the config alone, no weights read
-            return model.validate_config(json.load(f))
-    return load_init(path)["config"]
+    if os.path.isfile(config_json):  # model.py's folder, or export.py's with ours under "growcram"
+        with open(config_json) as f:
+            found = json.load(f)
+        if os.path.isfile(os.path.join(path, "model.pt")) or "growcram" in found:
+            return model.validate_config(found.get("growcram", found))
+    return load_init(path)["config"]  # a checkpoint.pt, or a stock GPT-2 export: read the weights
 
 
 # -----------------------------------------------------------------------------

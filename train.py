@@ -56,9 +56,9 @@ def train(args, budget_was=None):
     had before this command extended it (None: not extended)."""
     # ---- set up: device and ranks, the settings, data, model and optimizer, then the clock
     device, rank, world = parallel.setup_device(args.device, args.shard)
-    args, ckpt = resolve_settings(args, device, rank, world)
+    args, ckpt, init = resolve_settings(args, device, rank, world)
     run = start_run(args, ckpt, (device, rank, world), budget_was)
-    net, optimizer, loader, state = build(run, ckpt)
+    net, optimizer, loader, state = build(run, ckpt, init)
     start_clock(run, state, net, ckpt is not None, budget_was)
     describe_run(run, net)
     amp = parallel.autocast(device, run.dtype)  # bf16 on a GPU that has it, off in fp32
@@ -326,11 +326,13 @@ class Run:
 
 
 def resolve_settings(args, device, rank, world):
-    """(the settings, the checkpoint to resume or None): the flags with the defaults chosen
-    for this machine and budget, checked before any work (shape, growth schedule, masking
-    at every length)."""
+    """(the settings, the checkpoint to resume or None, --init-from's weights or None): the flags
+    with the defaults chosen for this machine and budget, checked before any work (shape, growth
+    schedule, masking at every length)."""
+    init = None
     if args.init_from:
-        args = flags.settings_from_init(args, checkpoint.load_init(args.init_from))
+        init = checkpoint.load_init(args.init_from)  # read once: build() loads its weights
+        args = flags.settings_from_init(args, init)
     try:
         chosen, why = planning.choose_defaults(args, planning.sustained_flops(device), world,
                                                device.type == "cuda")
@@ -353,7 +355,7 @@ def resolve_settings(args, device, rank, world):
                              f"mask 1 to {T - 2}")
     if ckpt is None:
         checkpoint.check_out_is_free(args.out, args.force, remove=rank == 0)
-    return args, ckpt
+    return args, ckpt, init
 
 
 def growth_stages(args, cfg):
@@ -431,9 +433,9 @@ def prepare(args, device, rank, world):
     return meta
 
 
-def build(run, ckpt):
-    """(net, optimizer, loader, state): fresh from the seed (at the first growth stage),
-    or as saved."""
+def build(run, ckpt, init=None):
+    """(net, optimizer, loader, state): fresh from the seed (at the first growth stage), as
+    saved (ckpt), or from --init-from's weights (init) with a fresh optimizer."""
     args = run.args
     torch.manual_seed(args.seed)  # the same weights on every rank: FSDP keeps each rank's slice
     first = ckpt["config"] if ckpt else run.stages[0]["config"] if run.stages else run.cfg
@@ -442,8 +444,8 @@ def build(run, ckpt):
     # and the optimizer is made after (under FSDP its moments are shaped like the shards)
     if ckpt:
         checkpoint.load_weights(net, ckpt)
-    elif args.init_from:  # a new run from old weights: new optimizer, new budget, new data order
-        net.load_state_dict(checkpoint.load_init(args.init_from)["weights"])
+    elif init:  # a new run from old weights: new optimizer, new budget, new data order
+        net.load_state_dict(init["weights"])
         run.say(f"starting from the weights of {args.init_from}")
     net = parallel.wrap(net.train(), args, run.device, run.world)
     optimizer = make_optimizer(model.unwrap(net), args, run.device)

@@ -156,8 +156,8 @@ def add_system_and_output_flags(p):
     g.add_argument("--device", choices=["auto", "cuda", "mps", "cpu"], default="auto",
                    help="where to train")
     g.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="autocast dtype: auto = bf16 on a CUDA GPU that supports it, fp32 "
-                   "elsewhere")
+                   help="autocast dtype: auto = bf16 on a CUDA GPU that supports it or a CPU "
+                   "with bf16 matmul instructions (AVX512-BF16, AMX), fp32 elsewhere")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile the model (compile time counts)")
     g.add_argument("--shard", choices=["ddp", "fsdp"], default="ddp", help="ddp: every rank holds "

@@ -103,7 +103,8 @@ import parallel  # noqa: E402
 import planning  # noqa: E402
 import train  # noqa: E402
 from loader import make_loader  # noqa: E402
-from bench_model import BASELINES, hf_baseline, modernbert_intermediate  # noqa: E402
+from bench_model import BASELINES, hf_attention, hf_baseline, modernbert_intermediate  # noqa: E402
+import bench_model  # noqa: E402
 
 EVAL_EVERY = 0.1          # held-out evaluations at every tenth of the budget, for both models
 HF_WARMUP = 0.06          # fraction of the budget
@@ -226,7 +227,8 @@ def run_hf(s, meta, arm, lr, seed):
     device, _, _ = parallel.setup_device(s.device)
     dtype = parallel.autocast_dtype(s.dtype, device)
     torch.manual_seed(seed)
-    net = hf_baseline(arm["baseline"], arm["cfg"], arm["intermediate"]).to(device).train()
+    net = hf_baseline(arm["baseline"], arm["cfg"], arm["intermediate"],
+                      attention=hf_attention(device, dtype)).to(device).train()
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
                                    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
@@ -276,6 +278,23 @@ def run_hf(s, meta, arm, lr, seed):
             "curve": curve, "final_loss": final,
             "tokens": tokens, "elapsed": round(elapsed, 2), "tokens_per_s": round(tokens / max(elapsed, 1e-9)),
             "params": sum(q.numel() for q in net.parameters()), "out": None}
+
+
+def isolated_steps(s, arm, device, with_hf, steps=20):
+    """Tokens/s of each model's bare training step (bench_model's: forward, backward, AdamW on one
+    batch, nothing else) at the runs' shape, micro-batch, dtype, compile choice and thread count,
+    the two alternating: what the loops' tokens/s are measured against (loop / step)."""
+    dtype = parallel.autocast_dtype(s.dtype, device)
+    batch = bench_model.make_batch(arm["cfg"], s.micro_batch, device)
+    steppers = {"ours": bench_model.make_stepper(*bench_model.ours(arm["cfg"], device, s.compile), device, dtype)}
+    if with_hf:
+        net = hf_baseline(arm["baseline"], arm["cfg"], arm["intermediate"], hf_attention(device, dtype))
+        net = net.to(device).train()
+        run = torch.compile(net) if s.compile else net
+        steppers["hf"] = bench_model.make_stepper(
+            net, lambda b: run(input_ids=b["ids"], labels=b["dense"]).loss, device, dtype)
+    seconds = bench_model.time_alternating(steppers, batch, steps)
+    return {who: round(batch["ids"].numel() / t) for who, t in seconds.items()}
 
 
 # -----------------------------------------------------------------------------
@@ -571,6 +590,13 @@ def report(results):
         best = "  <- baseline" if r["model"] == "hf" and r["lr"] == a["best_lr"] else ""
         lines.append(f"{run_name(r):<22} {r['seed']:>4} {r['params'] / 1e6:7.2f}M {fmt(r['final_loss'], '10.3f')} "
                      f"{r['tokens']:>11,} {r['tokens_per_s']:>9,}  {r['status']}{best}")
+    step = results.get("step_tokens_per_s")
+    if step:  # results.json written before the bare step was timed has none
+        lines += ["", f"bare training step (bench_model's, same shape and micro-batch, {st['dtype']}): "
+                  + ", ".join(f"{'ours' if who == 'ours' else 'HF'} {tps:,} tokens/s" for who, tps in step.items()),
+                  "loop / bare step, tokens/s (1.00 = the loop costs nothing around its step): "
+                  + ", ".join(f"{run_name(r)} seed {r['seed']} {r['tokens_per_s'] / step[r['model']]:.2f}"
+                              for r in runs if r["model"] in step)]
     for c in a["per_seed"]:
         ours = next(r for r in runs if r["model"] == "ours" and r["seed"] == c["seed"])
         hf = next(r for r in runs if r["model"] == "hf" and r["lr"] == a["best_lr"] and r["seed"] == c["seed"])
@@ -718,13 +744,17 @@ def run_all(args):
                 print(f"{hf_name} lr {lr:g}: {r['status']}, {r['tokens']:,} tokens, "
                       f"{r['tokens_per_s']:,} tokens/s, "
                       f"final held-out loss {fmt(r['final_loss'], '.3f')}")
+    torch.set_num_threads(threads)
+    print("\n=== the bare training steps, off the clock: what each loop's tokens/s is measured against ===")
+    step = isolated_steps(s, arm, device, with_hf=bool(lrs))
     settings = {**vars(args), "threads": threads, "device": str(device), "ours_ffn_dim": s.ffn_dim,
                 "hf_intermediate": arm["intermediate"],
                 "dtype": str(parallel.autocast_dtype(s.dtype, device)).replace("torch.", ""), "order": order,
+                "hf_attention": hf_attention(device, parallel.autocast_dtype(s.dtype, device)),
                 "hf_recipe": {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "clip": 1.0,
                               "warmup": HF_WARMUP, "schedule": HF_SCHEDULES[args.hf_schedule],
                               "dropout": 0.0}}
-    results = {"settings": settings, "runs": runs}
+    results = {"settings": settings, "runs": runs, "step_tokens_per_s": step}
     os.makedirs(args.out, exist_ok=True)  # saved now, so a failure in the downstream check loses no run
     model.atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))
     if not args.no_downstream:

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORD = os.path.join(ROOT, "tests", "same_losses.json")
 COMMON = ["--model", "tiny", "--vocab-size", "512", "--max-seq-len", "32", "--micro-batch", "4",
           "--batch-tokens", "512", "--lr", "2e-3", "--eval-batches", "2", "--eval-every", "0.25",
-          "--log-every", "1", "--seed", "3", "--device", "cpu"]
+          "--log-every", "1", "--seed", "3", "--device", "cpu", "--dtype", "fp32"]
 RUNS = {
     "plain": ["--data", "sample", "--max-steps", "24"],
     "grown": ["--data", "sample", "--max-steps", "24", "--grow", "0:n_layers=1; 0.5:n_layers=2"],

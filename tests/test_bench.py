@@ -128,6 +128,55 @@ def test_bench_model_runs_a_step_against_modernbert(bench_model, monkeypatch, tm
     assert result["params_hf"] == n_params(bench_model.hf_modernbert(model.make_config("tiny")))
 
 
+def test_both_models_report_their_share_of_this_machines_matmul_speed(bench_model, monkeypatch,
+                                                                       tmp_path):
+    pytest.importorskip("transformers")
+    result = run_bench(bench_model, monkeypatch, tmp_path, "--dtype", "fp32")
+    cfg = model.make_config("tiny")
+    mm = result["matmul_gflops"]
+    assert result["dtype"] == "float32" and mm["fp32"] > 0 and mm["bf16"] > 0
+    for who in ("ours", "hf"):  # training FLOP/s by model.flops_per_token over the fp32 torch.mm
+        share = result[f"tokens_per_s_{who}"] * model.flops_per_token(cfg) / (mm["fp32"] * 1e9)
+        assert result[f"share_of_fp32_mm_{who}"] == pytest.approx(share, rel=0.01, abs=1e-3)
+        assert result[f"share_of_mm_{who}"] == result[f"share_of_fp32_mm_{who}"]  # fp32 step
+    assert result["hf_attention"] == "sdpa"
+
+
+def test_modernbert_gets_eager_attention_where_sdpa_is_slow(bench_model):
+    cpu = torch.device("cpu")
+    assert bench_model.hf_attention(cpu, torch.bfloat16) == "eager"
+    assert bench_model.hf_attention(cpu, torch.float32) == "sdpa"
+    assert bench_model.hf_attention(torch.device("cuda"), torch.bfloat16) == "sdpa"
+
+
+def test_levers_time_each_against_our_fp32_eager_step(bench_model, monkeypatch, tmp_path):
+    result = run_bench(bench_model, monkeypatch, tmp_path, "--levers",
+                       "--config", "n_layers=1,positions=rotary")
+    assert result["params_ours"] == model.count_params(model.make_config("tiny", n_layers=1,
+                                                                         positions="rotary"))
+    levers = result["levers"]
+    assert list(levers) == ["fp32 eager (reference)", "fused AdamW", "bf16 autocast, SDPA attention",
+                            "bf16 autocast (matmul attention on CPU)", "torch.compile, fp32",
+                            "torch.compile, bf16"]
+    assert levers["fp32 eager (reference)"]["ratio"] == 1.0
+    for lever in levers.values():
+        assert lever["tokens_per_s"] > 0 and lever["share_of_fp32_mm"] > 0
+
+
+def test_the_sdpa_lever_swaps_matmul_attention_for_sdpa_only_inside_it(bench_model):
+    plain = model.matmul_attention
+    with bench_model.fused_attention_on_cpu():
+        assert model.matmul_attention is not plain
+    assert model.matmul_attention is plain
+
+
+def test_config_overrides_parse_ints_booleans_and_strings(bench_model):
+    assert bench_model.parse_config("n_layers=4, positions=rotary,bias=true") == {
+        "n_layers": 4, "positions": "rotary", "bias": True}
+    with pytest.raises(SystemExit, match="not KEY=VALUE"):
+        bench_model.parse_config("n_layers")
+
+
 def test_compiled_model_runs(bench_model, monkeypatch, tmp_path):
     assert run_bench(bench_model, monkeypatch, tmp_path, "--skip-hf", "--compile")["tokens_per_s_ours"] > 0
 
@@ -465,6 +514,11 @@ def test_modernbert_sweep_reports_every_lr_picks_the_best_and_names_modernbert(b
     assert results["analysis"]["best_lr"] == min(finished, key=lambda r: r["final_loss"])["lr"]
     assert abs(runs[1]["params"] / runs[0]["params"] - 1) < 0.1           # about the same size
     text = bench_cram.report(results)
+    step = results["step_tokens_per_s"]  # the bare steps, timed after the runs, off the clock
+    assert set(step) == {"ours", "hf"} and min(step.values()) > 0
+    loop_step = f"ours (train.py) seed 0 {runs[0]['tokens_per_s'] / step['ours']:.2f}"
+    assert "loop / bare step" in text and loop_step in text
+    assert f"HF ModernBERT lr 0.002 seed 0 {runs[1]['tokens_per_s'] / step['hf']:.2f}" in text
     assert "HF baseline: ModernBERT (ModernBertForMaskedLM" in text
     assert "HF ModernBERT lr 0.002" in text and "HF ModernBERT lr 0.008" in text
     assert "<- baseline" in text

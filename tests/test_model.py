@@ -121,11 +121,92 @@ def test_bf16_autocast_gives_the_fp32_loss_and_finite_fp32_gradients(positions, 
     reference = net(x, attention_mask=mask, labels=labels, label_positions=positions_)["loss"].item()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = net(x, attention_mask=mask, labels=labels, label_positions=positions_)
-    assert out["logits"].dtype == torch.bfloat16 and out["loss"].dtype == torch.float32
+        with torch.no_grad():  # with a backward to follow, the fused loss returns no logits
+            logits = net(x, attention_mask=mask, label_positions=positions_)["logits"]
+    assert logits.dtype == torch.bfloat16 and out["loss"].dtype == torch.float32
+    assert out["logits"] is None                                   # model.FusedCrossEntropy
     assert abs(out["loss"].item() - reference) < 0.02 * reference  # bf16 keeps ~3 significant digits
     out["loss"].backward()
     for name, p in net.named_parameters():
         assert p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), name
+
+
+def attention_inputs(B=2, H=3, T=10, hd=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, hd, generator=g, requires_grad=True) for _ in range(3)]
+
+
+@pytest.mark.parametrize("kind", ["none", "padding", "causal", "float"])
+def test_matmul_attention_computes_what_sdpa_computes(kind):
+    """model.matmul_attention (bf16 on a CPU) against F.scaled_dot_product_attention: outputs and
+    gradients equal in fp32, for no mask, a padding mask, causality and an ALiBi-style float mask."""
+    q, k, v = attention_inputs()
+    mask, causal = None, kind == "causal"
+    if kind == "padding":
+        mask = torch.ones(2, 1, 1, 10, dtype=torch.bool)
+        mask[1, ..., 7:] = False                                          # three padded keys
+    if kind == "float":
+        mask = -0.5 * torch.arange(10.0)[None, None, None, :].expand(2, 3, 10, 10)
+    ours = model.matmul_attention(q, k, v, mask, causal, 0.0)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    assert (ours - ref).abs().max() < 1e-5
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad(ours, (q, k, v), g)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), g)
+    assert max((a - b).abs().max() for a, b in zip(grads, ref_grads)) < 1e-5
+
+
+def test_blocks_use_matmul_attention_in_bf16_on_a_cpu_and_sdpa_in_fp32(monkeypatch):
+    calls = []
+    plain = model.matmul_attention
+    monkeypatch.setattr(model, "matmul_attention", lambda *a: calls.append(a[0].dtype) or plain(*a))
+    net = seeded_model(tiny(n_layers=2))
+    x = tokens()
+    net(x)
+    assert calls == []                                                   # fp32: SDPA
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        net(x)
+    assert calls == [torch.bfloat16] * 2                                 # one call per block
+
+
+@pytest.mark.parametrize("N", [5, 64, 150])  # under, at and over FusedCrossEntropy.ROWS
+def test_fused_cross_entropy_gives_the_loss_and_gradients_of_logits_plus_cross_entropy(N):
+    g = torch.Generator().manual_seed(N)
+    h = torch.randn(N, 16, generator=g, requires_grad=True)
+    w = (0.3 * torch.randn(70, 16, generator=g)).requires_grad_()
+    labels = torch.randint(0, 70, (N,), generator=g)
+    labels[::4] = -100                                                    # ignored rows
+    loss = model.FusedCrossEntropy.apply(h, w, labels)
+    ref = F.cross_entropy(h @ w.T, labels, ignore_index=-100)
+    assert abs(loss.item() - ref.item()) < 1e-5
+    grads = torch.autograd.grad(2.5 * loss, (h, w))                       # the upstream gradient scales
+    ref_grads = torch.autograd.grad(2.5 * ref, (h, w))
+    assert max((a - b).abs().max() for a, b in zip(grads, ref_grads)) < 1e-5
+
+
+def test_training_in_bf16_on_a_cpu_takes_the_fused_loss_and_matches_the_unfused_one():
+    net = seeded_model(tiny()).train()
+    x = tokens(B=4, T=16)
+    positions = torch.stack([torch.randperm(16, generator=torch.Generator().manual_seed(i))[:4]
+                             for i in range(4)])
+    labels = x.gather(1, positions)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.fused_loss_pays(torch.zeros(1))
+        fused = net(x, labels=labels, label_positions=positions)
+        fused["loss"].backward()
+        fused_grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+        net.zero_grad()
+        with torch.no_grad():
+            logits = net(x, label_positions=positions)["logits"]
+    assert not model.fused_loss_pays(torch.zeros(1))                      # fp32: unfused
+    unfused = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+    assert fused["logits"] is None and abs(fused["loss"].item() - unfused.item()) < 1e-3
+    with torch.autocast("cpu", dtype=torch.bfloat16):                     # the unfused backward
+        hidden = net.trunk(x)                                                # (B, T, d)
+        h = net.finish(hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1])))
+        F.cross_entropy(net.logits(h).flatten(0, 1).float(), labels.flatten()).backward()
+    for n, p in net.named_parameters():  # bf16 rounding apart: ~3 significant digits
+        assert (fused_grads[n] - p.grad).abs().max() <= 0.02 * p.grad.abs().max() + 1e-6, n
 
 
 # --- sparse MLM prediction ----------------------------------------------------------

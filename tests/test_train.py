@@ -19,11 +19,14 @@ import flags
 import grow
 import model
 import planning
+import parallel
 import train
 from conftest import ROOT, read_log
 
 TINY = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32", "--micro-batch", "4",
-        "--batch-tokens", "256", "--lr", "1e-3", "--eval-batches", "2", "--log-every", "1"]
+        "--batch-tokens", "256", "--lr", "1e-3", "--eval-batches", "2", "--log-every", "1", "--dtype", "fp32"]
+# fp32 pinned: --dtype auto picks bf16 on a CPU with bf16 instructions, and the tests must compute the
+# same on every CPU; the bf16 path has tests of its own
 
 
 def run(cache, out, *flags):
@@ -133,6 +136,24 @@ def test_end_to_end_run_learns_and_writes_every_output(sample_cache, tmp_path):
     import tokenizer
     enc = tokenizer.load_tokenizer(str(tmp_path / "final" / "tokenizer.json"))
     assert enc.decode(enc.encode_ordinary("To be, or not to be")) == "To be, or not to be"
+
+
+def test_auto_dtype_is_bf16_on_a_gpu_or_a_cpu_with_bf16_instructions(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(parallel, "cpu_has_fast_bf16", lambda: True)
+    assert parallel.autocast_dtype("auto", cpu) == torch.bfloat16
+    assert parallel.autocast_dtype("fp32", cpu) == torch.float32          # the flag wins
+    monkeypatch.setattr(parallel, "cpu_has_fast_bf16", lambda: False)
+    assert parallel.autocast_dtype("auto", cpu) == torch.float32
+    assert parallel.autocast_dtype("bf16", cpu) == torch.bfloat16
+    assert parallel.autocast_dtype("auto", torch.device("mps")) == torch.float32
+
+
+def test_fast_bf16_is_read_from_the_cpu_flags():
+    if not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("no /proc/cpuinfo to compare with")
+    flags = open("/proc/cpuinfo").read().split()
+    assert parallel.cpu_has_fast_bf16() == ("avx512_bf16" in flags or "amx_tile" in flags)
 
 
 def test_bf16_autocast_and_torch_compile_train_like_fp32(sample_cache, tmp_path):

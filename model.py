@@ -209,8 +209,8 @@ def rotary_cos_sin(position_ids, head_dim):
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate pairs (x1, x2) of the two halves of the head dimension. x: (B, H, T, hd); cos/sin:
-    (B|1, 1, T, hd/2)."""
+    """Rotate pairs (x1, x2) of the two halves of the head dimension. x: (..., B, H, T, hd);
+    cos/sin: (B|1, 1, T, hd/2)."""
     # Pairs are (x_i, x_{i + hd/2}) rather than RoFormer's neighbours (x_2i, x_2i+1): the same
     # rotation up to a fixed permutation of the head dimensions, without interleaving. Rotating q
     # and k by their positions makes q.k depend only on the offset between them. Computed in
@@ -234,12 +234,14 @@ def alibi_slopes(n_heads):
 
 
 def matmul_attention(q, k, v, mask, is_causal, dropout):
-    """What F.scaled_dot_product_attention computes, as two batched matmuls around a float32
-    softmax. q, k, v (B, H, T, hd) -> (B, H, T, hd); mask as for SDPA (bool: True = attend).
-    In bf16 on a CPU, PyTorch's fused attention kernel is 2-3x slower than this at T = 128
-    (measured: forward + backward, B 32, H 4, hd 32 and 64, PyTorch 2.13), while the two
-    matmuls run at bf16 speed; on a GPU the fused kernel wins and is used."""
-    scores = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5        # (B, H, T, T)
+    """What F.scaled_dot_product_attention computes, as two batched matmuls around a softmax.
+    q, k, v (B, H, T, hd) -> (B, H, T, hd); mask as for SDPA (bool: True = attend). In bf16 on a
+    CPU, PyTorch's fused attention kernel is 3-6x slower than this at T = 128 (forward +
+    backward, B 32, H 4, hd 32 and 64, PyTorch 2.13: 30-39 against 6-11 ms), because the two
+    matmuls run at bf16 speed; on a GPU the fused kernel wins and is used. The scores stay in
+    q's dtype: PyTorch's softmax sums in float32 inside, and an upcast copy of the (B, H, T, T)
+    scores would double this function's time."""
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5                # (B, H, T, T)
     if is_causal:
         T = q.shape[-2]
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
@@ -247,8 +249,7 @@ def matmul_attention(q, k, v, mask, is_causal, dropout):
         scores = scores.masked_fill(~mask, float("-inf"))
     elif mask is not None:
         scores = scores + mask
-    probs = F.dropout(scores.softmax(dim=-1), dropout).to(v.dtype)
-    return probs @ v
+    return F.dropout(scores.softmax(dim=-1), dropout) @ v
 
 
 class Block(nn.Module):
@@ -275,11 +276,12 @@ class Block(nn.Module):
         B, T, d = x.shape
         # (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd): heads become a batch dimension for
         # SDPA. 3 x (B,H,T,hd)
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        # Rotary rotates queries and keys only: the scores see positions, the values stay pure
-        # content.
+        qkv = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv
+        # Rotary rotates queries and keys only, both in one call: the scores see positions, the
+        # values stay pure content.
         if rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            q, k = apply_rotary(qkv[:2], *rope)                               # 2 x (B, H, T, hd)
         if mask is not None and mask.dtype != torch.bool:
             # SDPA wants a float mask in the query's dtype (bf16 under autocast)
             mask = mask.to(q.dtype)

@@ -426,8 +426,10 @@ def lr_factor(step, warmup_steps, total_steps):
 
 
 def autocast(device):
-    """bf16 on a GPU that supports it, plain fp32 elsewhere (the choice train.py makes)."""
-    # bf16 keeps fp32's exponent range, so no loss scaling is needed; most CPUs are no faster in it
+    """bf16 on a GPU that supports it, plain fp32 elsewhere. train.py's --dtype auto also picks
+    bf16 on a CPU with bf16 matmul instructions; fine-tuning stays in fp32 there, so its scores
+    do not depend on which CPU ran them."""
+    # bf16 keeps fp32's exponent range, so no loss scaling is needed
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     dtype = torch.bfloat16 if bf16 else torch.float32
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)

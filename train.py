@@ -61,7 +61,7 @@ def train(args, budget_was=None):
     net, optimizer, loader, state = build(run, ckpt, init)
     start_clock(run, state, net, ckpt is not None, budget_was)
     describe_run(run, net)
-    amp = parallel.autocast(device, run.dtype)  # bf16 on a GPU that has it, off in fp32
+    amp = parallel.autocast(device, run.dtype)  # bf16 where the hardware has it, off in fp32
     handlers = budget.catch_stop_signals(run.clock)  # preemption and Ctrl-C only set a flag
     bar = progress_bar(rank)
     speed, last_ckpt, clock = Speed(state, ckpt is not None), state.elapsed, run.clock
@@ -295,7 +295,7 @@ class Run:
     evaluate fills held_out."""
     args: argparse.Namespace      # the flags with the defaults planning.py chose
     device: torch.device
-    dtype: torch.dtype            # autocast dtype: bf16 on a GPU that has it, fp32 elsewhere
+    dtype: torch.dtype            # autocast dtype: bf16 where the hardware has it, else fp32
     rank: int
     world: int
     meta: dict                    # data.prepare_data's description of the token shards

@@ -120,7 +120,9 @@ DEFAULT_HF_LRS = {"bert": "1e-4,3e-4,1e-3,2e-3,4e-3", "modernbert": "1e-3,2e-3,4
 WSD_DECAY = 0.2
 HF_SCHEDULES = {"linear": f"{HF_WARMUP:.0%} warm-up, then linear to 0 at the deadline",
                 "wsd": f"{HF_WARMUP:.0%} warm-up, constant, 1-sqrt decay to 0 over the last "
-                       f"{WSD_DECAY:.0%}"}
+                       f"{WSD_DECAY:.0%}",
+                # the recipe lever: our own schedule given to the baseline
+                "triangle": "train.py's budget triangle, min(0.25 + p, 4 (1 - p)) of the peak"}
 CORPUS = os.path.join(ROOT, "corpora", "shakespeare.jsonl.gz")
 PLAYS = ("hamlet", "macbeth", "romeo and juliet", "tempest", "midsummer nights dream", "julius caesar")
 # data.py sends every round(1 / val_fraction)-th document to the validation split: at its default 0.05 these
@@ -188,8 +190,8 @@ def hf_lr_multiplier(p, schedule="linear"):
     BERT/RoBERTa recipe: warm-up, then linear decay to 0 at the deadline) or "wsd" (warm-up,
     constant, then 1 - sqrt of the decay's progress over the last WSD_DECAY of the budget,
     ModernBERT's schedule)."""
-    if schedule == "linear":
-        return train.lr_multiplier(p, "linear", HF_WARMUP)
+    if schedule in ("linear", "triangle"):
+        return train.lr_multiplier(p, schedule, HF_WARMUP)
     if schedule != "wsd":
         raise ValueError(f"unknown HF schedule {schedule!r}; choose from {', '.join(HF_SCHEDULES)}")
     if p < HF_WARMUP:
@@ -672,7 +674,8 @@ def parse_args(argv=None):
                    + "; ".join(f"{b} {lrs}" for b, lrs in DEFAULT_HF_LRS.items()) + ")")
     p.add_argument("--hf-schedule", choices=list(HF_SCHEDULES), default="linear",
                    help="HF learning-rate schedule: linear (default: 6%% warm-up, linear decay to "
-                   "0) or wsd (ModernBERT's warmup-stable-decay, 1-sqrt decay over the last 20%%)")
+                   "0), wsd (ModernBERT's warmup-stable-decay, 1-sqrt decay over the last 20%%) "
+                   "or triangle (ours, train.py's default: which share of the lead is the schedule)")
     p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1, each runs ours and every HF lr (default: 1)")
     p.add_argument("--ours-flags", default="", help="extra train.py flags as one string, e.g. \"--lr 2e-3\" "
                    "(default: none, train.py's recipe)")

@@ -76,7 +76,8 @@ def main(argv=None):
     p.add_argument("--vocab-size", type=int, default=4096, help="vocabulary (default 4096)")
     p.add_argument("--steps", type=int, default=300, help="timed steps per run (default 300)")
     p.add_argument("--pairs", type=int, default=3, help="loop/bare pairs, alternating (default 3)")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="autocast dtype (default: auto, train.py's choice for this CPU)")
     p.add_argument("--cache", default="cache", help="the data cache (default: cache)")
     args = p.parse_args(argv)
     torch.set_num_threads(torch.get_num_threads())
@@ -88,7 +89,8 @@ def main(argv=None):
     print(f"bare step: {bare:,.0f} tokens/s (runs: {', '.join(f'{x:,.0f}' for x in bares)})")
     print(f"train.py:  {loop:,.0f} tokens/s (runs: {', '.join(f'{x:,.0f}' for x in loops)})")
     print(f"loop / step: {loop / bare:.3f} ({torch.get_num_threads()} threads, "
-          f"{args.micro_batch} x {args.seq_len} tokens, width {args.d_model}, {args.dtype})")
+          f"{args.micro_batch} x {args.seq_len} tokens, width {args.d_model}, "
+          f"{parallel.autocast_dtype(args.dtype, torch.device('cpu'))})")
     return {"loop": loop, "bare": bare, "ratio": loop / bare}
 
 

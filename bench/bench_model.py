@@ -175,7 +175,7 @@ def matmul_flops(device, dtype, n=2048, repeats=10):
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
-    for i in range(repeats + 3):  # 3 warm-up calls
+    for _ in range(repeats + 3):  # 3 warm-up calls
         sync()
         t0 = time.perf_counter()
         a @ b

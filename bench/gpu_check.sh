@@ -7,6 +7,7 @@
 #     bench_model.hf_modernbert);
 # 2. bench_model.py --compile --skip-hf: our base model's MFU, the number the target (>= 45% on an H200)
 #    is about;
+# 2b. both models compiled, ours against ModernBERT (like with like: the same dtype, both compiled);
 # 3. bench_data.py on the GPU: the loader next to a training step, with pinned memory and prefetching
 #    (needs `tokenizers` for its tokenizer comparison);
 # 4. a 2-minute train.py run of the base model on the bundled sample with --compile (bf16, fused AdamW): the MFU of
@@ -14,7 +15,7 @@
 # 5. evaluate_glue.py fine-tuning that model on the GPU (bf16, padded batches) on a toy task of our own: which of
 #    two plays a line comes from (--task-file).
 # Each step runs even when an earlier one failed; the script exits non-zero if any did. Results land in RESULTS_DIR
-# as eight small files (log.txt, four benchmark JSONs, train.py's summary and last step records,
+# as nine small files (log.txt, five benchmark JSONs, train.py's summary and last step records,
 # the fine-tuning results); the caches and the trained model stay in /tmp.
 # Rehearse it on a CPU in about a minute (tiny model, fp32, seconds-long run):
 #   GPU_CHECK_REHEARSAL=1 bash bench/gpu_check.sh /tmp/rehearsal
@@ -48,6 +49,8 @@ step bench_model_modernbert "$py" bench/bench_model.py "${model[@]}" --baseline 
     --out "$out/bench_model_modernbert.json"
 step bench_model_compiled "$py" bench/bench_model.py "${model[@]}" --compile --skip-hf \
     --out "$out/bench_model_compiled.json"
+step bench_model_modernbert_compiled "$py" bench/bench_model.py "${model[@]}" --compile \
+    --baseline modernbert --out "$out/bench_model_modernbert_compiled.json"
 step bench_data "$py" bench/bench_data.py "${data[@]}" --out "$out/bench_data.json"
 rm -rf /tmp/gpu_check_run
 step train "$py" train.py --data sample "${run[@]}" --compile --cache /tmp/gpu_check_cache --out /tmp/gpu_check_run

@@ -491,6 +491,13 @@ def test_wsd_schedule_warms_up_holds_then_decays_as_one_minus_sqrt(bench_cram):
     assert bench_cram.hf_lr_multiplier(0.5) == pytest.approx(1 - (0.5 - w) / (1 - w))  # linear
 
 
+def test_triangle_gives_the_baseline_our_own_schedule(bench_cram):
+    import train
+    for p in (0.0, 0.3, 0.75, 0.9, 1.0):
+        assert bench_cram.hf_lr_multiplier(p, "triangle") == train.lr_multiplier(p, "triangle")
+    assert bench_cram.hf_lr_multiplier(0.0, "triangle") == 0.25   # starts at a quarter of the peak
+
+
 def test_modernbert_gets_our_gated_width_and_bert_the_ffn_dim_flag(bench_cram):
     cfg = model.make_config("tiny", ffn_dim=352)
     assert bench_cram.hf_intermediate("modernbert", cfg, 512) == 352

@@ -239,9 +239,9 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="base",
                    help="model preset of model.py (default: base, the crammed BERT)")
-    p.add_argument("--config", default="", help="config keys over the preset, e.g. "
-                   "\"n_layers=4,d_model=128,n_heads=4,ffn_dim=352,vocab_size=4096,positions=rotary\" "
-                   "(bench_cram's shape)")
+    p.add_argument("--config", default="", help="config keys over the preset, e.g. bench_cram's "
+                   "shape: n_layers=4,d_model=128,n_heads=4,ffn_dim=352,vocab_size=4096,"
+                   "positions=rotary")
     p.add_argument("--batch-size", type=int, default=None,
                    help="sequences per step (default: 8 on CPU, 256 on CUDA)")
     p.add_argument("--steps", type=int, default=20,

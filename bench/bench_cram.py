@@ -290,11 +290,9 @@ def isolated_steps(s, arm, device, with_hf, steps=20):
     batch = bench_model.make_batch(arm["cfg"], s.micro_batch, device)
     steppers = {"ours": bench_model.make_stepper(*bench_model.ours(arm["cfg"], device, s.compile), device, dtype)}
     if with_hf:
-        net = hf_baseline(arm["baseline"], arm["cfg"], arm["intermediate"], hf_attention(device, dtype))
-        net = net.to(device).train()
-        run = torch.compile(net) if s.compile else net
-        steppers["hf"] = bench_model.make_stepper(
-            net, lambda b: run(input_ids=b["ids"], labels=b["dense"]).loss, device, dtype)
+        net, step = bench_model.huggingface(arm["cfg"], device, arm["baseline"], hf_attention(device, dtype),
+                                            s.compile, arm["intermediate"])
+        steppers["hf"] = bench_model.make_stepper(net, step, device, dtype)
     seconds = bench_model.time_alternating(steppers, batch, steps)
     return {who: round(batch["ids"].numel() / t) for who, t in seconds.items()}
 
@@ -750,10 +748,11 @@ def run_all(args):
     torch.set_num_threads(threads)
     print("\n=== the bare training steps, off the clock: what each loop's tokens/s is measured against ===")
     step = isolated_steps(s, arm, device, with_hf=bool(lrs))
+    dtype = parallel.autocast_dtype(s.dtype, device)
     settings = {**vars(args), "threads": threads, "device": str(device), "ours_ffn_dim": s.ffn_dim,
                 "hf_intermediate": arm["intermediate"],
-                "dtype": str(parallel.autocast_dtype(s.dtype, device)).replace("torch.", ""), "order": order,
-                "hf_attention": hf_attention(device, parallel.autocast_dtype(s.dtype, device)),
+                "dtype": str(dtype).replace("torch.", ""), "order": order,
+                "hf_attention": hf_attention(device, dtype),
                 "hf_recipe": {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "clip": 1.0,
                               "warmup": HF_WARMUP, "schedule": HF_SCHEDULES[args.hf_schedule],
                               "dropout": 0.0}}

@@ -140,9 +140,11 @@ def hf_baseline(name, cfg, intermediate=None, attention="sdpa"):
     raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
 
 
-def huggingface(cfg, device, baseline="modernbert", attention="sdpa", compile=False):
-    """The baseline and its step. Dropout is off, like ours: the same work."""
-    net = hf_baseline(baseline, cfg, attention=attention).to(device).train()
+def huggingface(cfg, device, baseline="modernbert", attention="sdpa", compile=False,
+                intermediate=None):
+    """The baseline and its step. Dropout is off, like ours: the same work. intermediate: its
+    FFN width (hf_baseline's default if None)."""
+    net = hf_baseline(baseline, cfg, intermediate, attention).to(device).train()
     run = torch.compile(net) if compile else net
     # Dense labels, -100 but at the masked positions: ModernBERT's sparse head keeps just those.
     def step(b):

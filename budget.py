@@ -8,11 +8,13 @@ deadline, and stop signals.
 
 A run ends when the first budget given is spent: wall clock (--hours, --minutes), optimizer steps
 or training tokens. Progress p is the largest fraction used, so the schedules (learning rate, batch
-ramp, growth) are functions of p alone and a slow step or a resume never shifts them (Geiping &
-Goldstein 2022, Sec. 3). The deadline is hard: the micro-batch that would end past it is a step's last, and
-that step is the run's last. Signals only set a flag, so the step in flight finishes and the run
-saves before it stops. Everything here is a function of the clock and the counters; the ranks of a
-distributed run agree on both through parallel.agree_on_clock.
+ramp, growth) are functions of p alone and a slow step or a resume never shifts them
+(Geiping & Goldstein 2022, Sec. 3).
+
+The deadline is hard: the micro-batch that would end past it is a step's last, and that step is the
+run's last. Signals only set a flag, so the step in flight finishes and the run saves before it
+stops. Everything here is a function of the clock and the counters; the ranks of a distributed run
+agree on both through parallel.agree_on_clock.
 """
 import signal
 import time
@@ -72,6 +74,7 @@ class Budget:
                 step / self.max_steps if self.max_steps else 0.0,
                 tokens / self.max_tokens if self.max_tokens else 0.0]
         return min(1.0, max(used))
+
 
 def ends_past_deadline(clock, state, device, world, micro_seconds):
     """Would one more micro-batch, as long as the last one, end past the deadline (or has a stop

@@ -4,7 +4,7 @@
     ckpt = checkpoint.load(path)                                # always onto the CPU first
     checkpoint.load_weights(net, ckpt)                          # before wrapping: DDP broadcasts
     state = checkpoint.restore(ckpt, net, optimizer, loader)    # moments, data position, RNG
-    checkpoint.save_final(folder, net, rank, files)             # model.py's folder, to share
+    checkpoint.save_final(folder, net, rank, extra)             # model.py's folder, to share
 
 A checkpoint holds everything a bitwise-exact resume needs: weights, AdamW moments, the loop's
 state, the loader's position and the RNG (the masks and the batch order are functions of the seed
@@ -22,9 +22,14 @@ import shutil
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
+import files
 import model
 import parallel
 import tokenizer
@@ -47,7 +52,7 @@ def save(path, net, optimizer, loader, state, rank):
         # the plain model's state dict: no "_orig_mod." (compile) or "module." (DDP) prefixes
         ckpt = {"model": model.unwrap(net).state_dict(), "optimizer": optimizer.state_dict(),
                 **run_state(net, loader, state)}
-        model.atomic_write(path, lambda f: torch.save(ckpt, f))
+        files.atomic_write(path, lambda f: torch.save(ckpt, f))
 
 
 def run_state(net, loader, state):
@@ -219,8 +224,8 @@ def init_config(path):
 # -----------------------------------------------------------------------------
 # The final model, and the run folder's rules
 
-def save_final(folder, net, rank, files=None):
-    """folder: model.py's checkpoint folder (config.json, model.pt) plus files ({name: source
+def save_final(folder, net, rank, extra=None):
+    """folder: model.py's checkpoint folder (config.json, model.pt) plus extra files ({name: source
     path}: the tokenizer, the data's meta.json), written by rank 0. Under FSDP every rank calls
     it (the gather)."""
     # FSDP: the full weights are all-gathered into a plain model on rank 0's CPU
@@ -233,10 +238,10 @@ def save_final(folder, net, rank, files=None):
     if rank != 0:
         return folder
     model.save_model(net, folder)
-    for name, src in (files or {}).items():
+    for name, src in (extra or {}).items():
         with open(src, "rb") as f:
             blob = f.read()
-        model.atomic_write(os.path.join(folder, name), lambda f: f.write(blob))
+        files.atomic_write(os.path.join(folder, name), lambda f: f.write(blob))
     return folder
 
 

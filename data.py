@@ -9,8 +9,7 @@
     meta = prepare_data("sample", "cache", {"vocab_size": 8192})  # the same from Python
     train_batches = loader.make_loader(meta, "train", {"seed": 0})  # then batches (loader.py)
 
-Pipeline (each stage is a small function below; prepare_data() runs them all and caches the
-result):
+Pipeline (each stage is a small function below; prepare_data() runs them all, caches the result):
 1. Sources. Documents are streamed file by file, never loaded whole, so RAM stays flat on big
    corpora. Downloads (FineWeb-Edu, FineWeb-2) go through download.py: resumed, retried, renamed
    into place whole.
@@ -19,8 +18,7 @@ result):
    default), exact-duplicate removal and a filter that drops documents needing too many tokens per
    character (cramming's `trash_cutoff`: keep a document iff tokens < 0.25 * characters; off by
    default). Every step reports the documents and UTF-8 bytes it removed.
-3. Tokenizer (tokenizer.py): byte-level BPE trained with rustbpe on the cleaned corpus's first
-   characters.
+3. Tokenizer (tokenizer.py): byte-level BPE, trained with rustbpe on the cleaned corpus's start.
 4. Shards (their format is loader.py's): every document is encoded and followed by [SEP]; a
    process pool tokenizes, the main process deduplicates and writes flat binary shards. A document
    goes to the validation split when its index among kept documents is a multiple of
@@ -48,25 +46,40 @@ import unicodedata
 import numpy as np
 from tqdm import tqdm
 
-# what is downloaded from where (FineWeb-Edu, FineWeb-2) and how: resumed, retried, whole or not
-# at all
-from download import (FINEWEB2_CHARS_PER_TOKEN, FINEWEB2_DEFAULT_CHARS, FINEWEB2_LANG,
-                      FINEWEB2_URL, FINEWEB_URL, download_fineweb, download_fineweb2,
-                      shards_for_tokens)
-from loader import SHARD_HEADER, close_shard, load_meta  # the shard format and meta.json's reader
-from model import atomic_write  # tmp file, then os.replace: the project's one helper for it
-from tokenizer import (VOCAB_MULTIPLE, load_tokenizer, n_ordinary, round_up, save_tokenizer,
-                       special_ids, stock_tokenizer, train_tokenizer)
+# What is downloaded from where (FineWeb-Edu, FineWeb-2), and how: resumed, retried, whole or not.
+from download import (
+    FINEWEB2_CHARS_PER_TOKEN,
+    FINEWEB2_DEFAULT_CHARS,
+    FINEWEB2_LANG,
+    FINEWEB2_URL,
+    FINEWEB_URL,
+    download_fineweb,
+    download_fineweb2,
+    shards_for_tokens,
+)
+from files import atomic_write  # a temporary file, then os.replace: never half a file
+from tokenizer import (
+    VOCAB_MULTIPLE,
+    load_tokenizer,
+    n_ordinary,
+    round_up,
+    save_tokenizer,
+    special_ids,
+    stock_tokenizer,
+    train_tokenizer,
+)
+
+# The shard format and meta.json's reader are loader.py's, but loader.py imports torch for its
+# batches. _build_once and _write_shards import it where they need it, so that importing data.py
+# does not import torch: each tokenizing worker (a spawned process) imports data.py afresh.
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE_CORPUS = os.path.join(HERE, "corpora", "shakespeare.jsonl.gz")  # bundled: runs offline
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
-# a .txt file is cut at blank lines into documents of about this many characters
-TXT_DOC_CHARS = 65536
-# characters of (cleaned) corpus the tokenizer is trained on, at most
-TOKENIZER_CHARS = 1_000_000_000
-SHARD_TOKENS = 1 << 27   # tokens per shard file before a new one starts (256 MB as uint16)
-PREPARE_VERSION = 1      # bump when prepare_data's output changes, so old caches are not reused
+TXT_DOC_CHARS = 65536  # a .txt file is cut at blank lines into documents of about this many chars
+TOKENIZER_CHARS = 1_000_000_000  # cleaned characters the tokenizer is trained on, at most
+SHARD_TOKENS = 1 << 27  # tokens per shard file before a new one starts (256 MB as uint16)
+PREPARE_VERSION = 1  # bump when prepare_data's output changes, so old caches are not reused
 
 # prepare_data's settings: pass a dict of some of these keys; the rest keep these values. The
 # command line has one flag per key (--vocab-size for vocab_size, ...).
@@ -74,10 +87,8 @@ DEFAULTS = {
     # Tokenizer
     "vocab_size": 32768,         # rounded up to a multiple of 64 (tokenizer.py)
     "tokenizer": "train",        # "train" (rustbpe), "gpt2", "cl100k_base" or a tokenizer.json path
-    # the tokenizer trains on at most this many cleaned characters
-    "tokenizer_chars": TOKENIZER_CHARS,
-    # Cleaning (cramming's normalizer lowercases and strips accents; we keep both off: not
-    # English-only)
+    "tokenizer_chars": TOKENIZER_CHARS,  # the tokenizer trains on at most this many characters
+    # Cleaning: cramming's normalizer lowercases and strips accents; off here (not English-only)
     "normalize": "NFC",          # Unicode normal form, None = off
     "lowercase": False,
     "strip_accents": False,
@@ -89,11 +100,11 @@ DEFAULTS = {
     "shard_tokens": SHARD_TOKENS,
     "workers": None,             # tokenizer processes; None = CPUs - 1
     # Sources
-    "fineweb_shards": None,  # FineWeb-Edu shards to download; None = enough for max_tokens, else 1
-    "max_tokens": None,  # training tokens wanted: sizes downloads only, never cuts a local corpus
+    "fineweb_shards": None,      # FineWeb-Edu shards to fetch; None = enough for max_tokens, else 1
+    "max_tokens": None,          # training tokens wanted: sizes downloads, never cuts local corpora
     "fineweb_url": FINEWEB_URL,
     "fineweb2_url": FINEWEB2_URL,
-    "mix_temperature": None,  # weight an unweighted mixture by size^(1/T) (XLM's language sampling)
+    "mix_temperature": None,     # weight unweighted sources by size^(1/T) (XLM's language sampling)
 }
 
 
@@ -101,8 +112,7 @@ DEFAULTS = {
 # prepare_data: sources -> cleaning -> tokenizer -> shards, cached by settings
 
 def prepare_data(data="sample", cache_dir="cache", settings=None, progress=True):
-    """Everything train.py needs, as a plain dict (also saved as
-    <cache_dir>/<name>-<key>/meta.json).
+    """Everything train.py needs, as a plain dict, also saved as <cache_dir>/<name>-<key>/meta.json.
 
     data: "sample" (bundled), "fineweb" (download fineweb_shards shards, or enough for max_tokens
     tokens, default 1; max_tokens sizes only the download), "fineweb2:LANG" (FineWeb-2 row groups
@@ -116,8 +126,7 @@ def prepare_data(data="sample", cache_dir="cache", settings=None, progress=True)
     unknown = sorted(set(settings or {}) - set(DEFAULTS))
     if unknown:  # a misspelled key would otherwise be ignored in silence
         raise ValueError(f"unknown data setting {unknown[0]!r}; valid: {', '.join(DEFAULTS)}")
-    # every key, in one dict for the helpers
-    opts = {**DEFAULTS, **(settings or {}), "progress": progress}
+    opts = {**DEFAULTS, **(settings or {}), "progress": progress}  # every key, in one dict
     _check_settings(cache_dir, opts)
     created = not os.path.exists(cache_dir)
     try:
@@ -150,8 +159,7 @@ def _keyed_settings(opts):
     tok_id = tokenizer if tokenizer in ("train", "gpt2", "cl100k_base") else \
         [os.path.abspath(tokenizer),
          os.path.getsize(tokenizer) if os.path.exists(tokenizer) else -1]
-    # clean_text's arguments
-    clean = {k: opts[k] for k in ("normalize", "lowercase", "strip_accents")}
+    clean = {k: opts[k] for k in ("normalize", "lowercase", "strip_accents")}  # for clean_text
     return dict(vocab_size=opts["vocab_size"], tokenizer=tok_id, clean=clean, dedup=opts["dedup"],
                 max_tokens_per_char=opts["max_tokens_per_char"], val_fraction=opts["val_fraction"],
                 max_val_tokens=opts["max_val_tokens"], tokenizer_chars=opts["tokenizer_chars"],
@@ -159,12 +167,12 @@ def _keyed_settings(opts):
 
 
 def _check_settings(cache_dir, opts):
-    """One-line errors (ValueError) for settings that would prepare
-    nothing useful, before any work."""
+    """One-line errors (ValueError) for settings that would prepare nothing useful, before any
+    work."""
     o = opts
     rules = [("vocab_size", o["vocab_size"] >= 64, ">= 64"),
-             ("val_fraction", 0 < o["val_fraction"] <= 0.5, "in (0, 0.5]: training needs a "
-                                                            "held-out split"),
+             ("val_fraction", 0 < o["val_fraction"] <= 0.5,
+              "in (0, 0.5]: training needs a held-out split"),
              ("max_val_tokens", o["max_val_tokens"] >= 1, ">= 1"),
              ("tokenizer_chars", o["tokenizer_chars"] >= 1, ">= 1"),
              # None: the default (chosen later from the budget), so only a given value is checked
@@ -198,8 +206,7 @@ def _resolve(data, max_tokens, cache_dir, opts):
         files = download_fineweb2(lang, os.path.join(cache_dir, "fineweb2", lang), chars, url,
                                   progress=opts["progress"])
         return lang, files, [url, lang, [os.path.basename(f) for f in files]]
-    # the bundled file never changes but with the repository: name and size suffice
-    if data == "sample":
+    if data == "sample":  # the bundled file changes only with the repository: name and size suffice
         identity = [os.path.basename(SAMPLE_CORPUS), os.path.getsize(SAMPLE_CORPUS)]
         return "sample", [SAMPLE_CORPUS], identity
     if data == "fineweb":
@@ -210,8 +217,7 @@ def _resolve(data, max_tokens, cache_dir, opts):
         return "fineweb", files, [url, [os.path.basename(f) for f in files]]
     files = list_files(data)
     name = os.path.basename(os.path.normpath(data)).split(".")[0] or "data"
-    # a local file is known by its path, size and modification time: an edited corpus is prepared
-    # anew
+    # A local file is known by its path, size and modification time: an edited one is prepared anew.
     return name, files, [[f, os.path.getsize(f), os.stat(f).st_mtime_ns] for f in files]
 
 
@@ -222,10 +228,10 @@ def _cache_folder(cache_dir, name, settings):
 
 
 def _build_once(out, build):
-    """out's prepared data if it exists ("reused"), else build(tmp)
-    into OUT.<pid>.tmp, renamed to out at the end."""
-    # meta.json is written last: its presence means done
-    if os.path.exists(os.path.join(out, "meta.json")):
+    """out's prepared data if it exists ("reused"), else build(tmp) into OUT.<pid>.tmp, renamed to
+    out at the end."""
+    from loader import load_meta  # here, not at the top: loader.py imports torch
+    if os.path.exists(os.path.join(out, "meta.json")):  # written last: its presence means done
         return {**load_meta(out), "reused": True}
     _remove_stale_temps(out)
     tmp = f"{out}.{os.getpid()}.tmp"
@@ -247,8 +253,7 @@ def _prepare_into(tmp, files, data, keyed, opts):
     """Tokenizer + shards + meta.json into the folder tmp."""
     texts = _training_texts(files, keyed["clean"], keyed["tokenizer_chars"])
     enc = _make_tokenizer(texts, keyed, opts["tokenizer"])
-    # first: the workers load it from there
-    save_tokenizer(enc, os.path.join(tmp, "tokenizer.json"))
+    save_tokenizer(enc, os.path.join(tmp, "tokenizer.json"))  # first: the workers load it there
     splits, report = _write_shards(tmp, files, enc, keyed, opts)
     _check_kept(data, splits, report)
     meta = _meta(keyed, enc, report, splits)
@@ -270,14 +275,12 @@ def _write_json(path, doc):
     atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
 
 
-def _itemsize(enc):
-    # bytes per token in the shards: uint16 when the ids fit
+def _itemsize(enc):  # bytes per token in the shards: uint16 when the ids fit
     return 2 if enc.n_vocab <= 1 << 16 else 4
 
 
 def _remove_stale_temps(out):
-    """Delete OUT.<pid>.tmp folders left by preparations that were
-    killed (their process is gone)."""
+    """Delete OUT.<pid>.tmp folders left by killed preparations (their process is gone)."""
     folder, prefix = os.path.dirname(out) or ".", os.path.basename(out) + "."
     for name in os.listdir(folder) if os.path.isdir(folder) else ():
         pid = name[len(prefix):-len(".tmp")]
@@ -316,8 +319,7 @@ def exit_cleanly_on_sigterm(cache_dir, message):
         signal.signal(signal.SIGTERM, previous)
 
 
-# invalid UTF-8 sequences replaced, per file
-_UTF8 = {"path": None, "replaced": collections.Counter()}
+_UTF8 = {"path": None, "replaced": collections.Counter()}  # invalid UTF-8 replaced, per file
 
 
 def _count_and_replace(err):
@@ -330,8 +332,7 @@ codecs.register_error("growcram_count", _count_and_replace)  # registered once, 
 
 
 def _decode(raw, path):
-    """bytes -> str; invalid UTF-8 becomes U+FFFD and is counted per
-    file (reported, never fatal)."""
+    """bytes -> str; invalid UTF-8 becomes U+FFFD, counted per file (reported, never fatal)."""
     _UTF8["path"] = path
     return raw.decode("utf-8", errors="growcram_count")
 
@@ -354,8 +355,8 @@ def list_files(path):
 
 
 def iter_documents(path):
-    """Yield the documents (str) of one corpus file; a one-line
-    ValueError names the file on bad input."""
+    """Yield the documents (str) of one corpus file; a one-line ValueError names the file on bad
+    input."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq  # only parquet corpora need pyarrow
         try:
@@ -380,14 +381,12 @@ def iter_documents(path):
                 if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                     raise ValueError(f"{path}:{lineno}: no 'text' field holding a string")
                 text = row["text"]
-                # a JSON "\ud800" escape decodes to a lone surrogate, which is not UTF-8: replace
-                # and count it too
+                # A JSON "\ud800" escape decodes to a lone surrogate, which is not UTF-8:
+                # replaced and counted too.
                 if not text.isascii():
                     text = _decode(text.encode("utf-8", "surrogatepass"), path)
                 yield text
-    # .txt: cut at blank lines once a piece is long enough, so huge files stream and split by
-    # document
-    else:
+    else:  # .txt: cut at blank lines once a piece is long enough: huge files stream, by document
         with open(path, "rb") as f:
             lines, n = [], 0
             for raw in f:
@@ -421,8 +420,8 @@ def clean_text(text, normalize="NFC", lowercase=False, strip_accents=False):
 def _strip_accents(text, normalize):
     if text.isascii():  # nothing to strip, and the common case in English corpora
         return text
-    # NFD splits "é" into "e" + U+0301; dropping the combining marks strips the accent (as cramming
-    # does), then the text goes back to the chosen normal form
+    # NFD splits "é" into "e" + U+0301; dropping the combining marks strips the accent (as
+    # cramming does), then the text goes back to the chosen normal form.
     bare = "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
     return unicodedata.normalize(normalize or "NFC", bare)
 
@@ -443,8 +442,8 @@ def _init_worker(tokenizer_path, clean_kwargs, threads):
 
 
 def _encode_docs(docs):
-    """Worker: clean + encode documents -> [(digest, raw bytes, {step:
-    bytes removed}, chars, words, ids)]."""
+    """Worker: clean + encode documents ->
+    [(digest, raw bytes, {step: bytes removed}, chars, words, ids)]."""
     enc, dtype = _WORKER["enc"], np.uint16 if _WORKER["enc"].n_vocab <= 1 << 16 else np.uint32
     cleaned = [clean_text(d, **_WORKER["clean"]) for d in docs]
     # whitespace-only documents count as empty: they encode to nothing and are dropped
@@ -469,16 +468,16 @@ def _chunks(files, chunk_chars=1 << 20):
 
 
 def _encoded(files, workers, init_args):
-    """Yield per-document results in corpus order. At most 2 chunks
-    per worker are in flight: Pool.imap would read the whole corpus
-    into its task queue, the RAM blow-up this design avoids."""
+    """Yield per-document results in corpus order. At most 2 chunks per worker are in flight:
+    Pool.imap would read the whole corpus into its task queue, the RAM blow-up this design
+    avoids."""
     if workers <= 1:
         _init_worker(*init_args)
         for chunk in _chunks(files):
             yield from _encode_docs(chunk)
         return
-    # spawn: safe on every OS and after rustbpe/torch have started threads in this process
-    # each worker encodes with 1 thread: the processes already use every core
+    # spawn: safe on every OS and after rustbpe/torch have started threads in this process.
+    # Each worker encodes with 1 thread: the processes already use every core.
     spawn = multiprocessing.get_context("spawn")
     with spawn.Pool(workers, _init_worker, init_args[:2] + (1,)) as pool:
         pending = collections.deque()
@@ -491,8 +490,8 @@ def _encoded(files, workers, init_args):
 
 
 def _training_texts(files, clean_kwargs, max_chars):
-    """The cleaned, deduplicated corpus prefix the tokenizer is
-    trained on (at most max_chars characters)."""
+    """The cleaned, deduplicated corpus prefix the tokenizer is trained on (at most max_chars
+    characters)."""
     seen = set()
     for path in files:
         for doc in iter_documents(path):
@@ -509,8 +508,8 @@ def _training_texts(files, clean_kwargs, max_chars):
 
 
 def _make_tokenizer(texts, settings, tokenizer):
-    """The tokenizer: trained on texts (an iterable of str, read only
-    here) or a stock or saved one."""
+    """The tokenizer: trained on texts (an iterable of str, read only here), or a stock or saved
+    one."""
     if tokenizer != "train":
         if tokenizer in ("gpt2", "cl100k_base"):
             return stock_tokenizer(tokenizer)
@@ -518,10 +517,9 @@ def _make_tokenizer(texts, settings, tokenizer):
     enc = train_tokenizer(texts, settings["vocab_size"])
     if enc.n_vocab < round_up(settings["vocab_size"], VOCAB_MULTIPLE):
         print(f"note: the tokenizer learned {enc.n_vocab} tokens, fewer than the "
-              f"{settings['vocab_size']} asked "
-              f"for: {settings['tokenizer_chars']:,} characters of this corpus hold no more merges "
-              "(raise "
-              "--tokenizer-chars, or give a bigger corpus)", file=sys.stderr)
+              f"{settings['vocab_size']} asked for: {settings['tokenizer_chars']:,} characters of "
+              "this corpus hold no more merges (raise --tokenizer-chars, or give a bigger corpus)",
+              file=sys.stderr)
     return enc
 
 
@@ -540,6 +538,7 @@ def _write_shards(tmp, files, enc, settings, opts, prefix=""):
     prefix, a mixture's source folder) in the shard format of loader.py. settings: the keyed
     settings (_keyed_settings); opts: workers and progress. Returns (splits, report); the report
     also counts the kept documents' whitespace words."""
+    from loader import SHARD_HEADER, close_shard  # here, not at the top: loader.py imports torch
     steps = ("normalize", "lowercase", "strip_accents", "empty", "duplicate", "compressibility")
     report = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "words_out": 0,
               "invalid_utf8": {}, "removed": {s: {"documents": 0, "bytes": 0} for s in steps}}
@@ -562,8 +561,7 @@ def _write_shards(tmp, files, enc, settings, opts, prefix=""):
             report["bytes_in"] += nbytes
             for step, n in removed.items():
                 report["removed"][step]["bytes"] += n
-            # cramming's trash filter: a document needing many tokens per character is mostly not
-            # text
+            # cramming's trash filter: many tokens per character mean a document is mostly not text
             drop = ("empty" if toks.size == 0
                     else "duplicate" if settings["dedup"] and digest in seen
                     else "compressibility" if max_tpc and toks.size > max_tpc * nchars else None)
@@ -601,10 +599,8 @@ def _write_shards(tmp, files, enc, settings, opts, prefix=""):
     return splits, report
 
 
-
 # -------------------------------------------------------------------------------------------------
-# Mixtures: several sources, each with its weight, one tokenizer, each source's own shards and val
-# split
+# Mixtures: several sources, each with its weight: one tokenizer, and per source shards and a split
 
 def parse_mixture(data, temperature=None):
     """--data -> [{"source", "weight"}]: one entry for a single source (today's path), several for a
@@ -626,9 +622,8 @@ def parse_mixture(data, temperature=None):
         if colon and not tail:
             raise ValueError(f"--data {data!r}: entry {i} ({entry!r}) ends in ':' without a weight")
         if not source:
-            raise ValueError(f"--data {data!r}: entry {i} has no source (expected SOURCE or "
-                             "SOURCE:WEIGHT, "
-                             "separated by commas)")
+            raise ValueError(f"--data {data!r}: entry {i} has no source "
+                             "(expected SOURCE or SOURCE:WEIGHT, separated by commas)")
         if weight is not None and not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"--data {data!r}: the weight of {source} must be a positive number "
                              f"(got {tail})")
@@ -644,12 +639,11 @@ def parse_mixture(data, temperature=None):
                          f"({names[given.index(False)]} has none)")
     if len(entries) > 1 and all(given) and temperature is not None:
         raise ValueError(f"--data {data!r}: the sources have weights, so --mix-temperature would "
-                         "set nothing; "
-                         "give weights or --mix-temperature, not both")
+                         "set nothing; give weights or --mix-temperature, not both")
     if len(entries) > 1 and not any(given) and temperature is None:
         raise ValueError(f"--data {data!r}: {len(entries)} sources without weights; write "
-                         "SOURCE:WEIGHT for each, "
-                         "or give --mix-temperature T to weight them by size")
+                         "SOURCE:WEIGHT for each, or give --mix-temperature T to weight them "
+                         "by size")
     if all(given):
         total = sum(e["weight"] for e in entries)
         entries = [{**e, "weight": e["weight"] / total} for e in entries]
@@ -688,8 +682,7 @@ def _prepare_mixture(mixture, cache_dir, keyed, opts):
     max_tokens), then one cached folder keyed by all sources and weights (_prepare_mixture_into)."""
     sources, max_tokens, temperature = [], opts["max_tokens"], opts["mix_temperature"]
     for entry in mixture:
-        # by size: the whole budget, at most
-        share = entry["weight"] if entry["weight"] is not None else 1.0
+        share = entry["weight"] if entry["weight"] is not None else 1.0  # by size: the whole budget
         tokens = max_tokens * share if max_tokens else None
         name, files, identity = _resolve(entry["source"], tokens, cache_dir, opts)
         sources.append({"name": name, "source": entry["source"], "weight": entry["weight"],
@@ -700,9 +693,8 @@ def _prepare_mixture(mixture, cache_dir, keyed, opts):
             s["name"] = f"{s['name']}-{names[:i + 1].count(s['name'])}"
     if temperature is not None and any(downloads(s["source"]) for s in sources):
         print("note: --mix-temperature weights the sources by their size here, and a download's "
-              "size is what the "
-              "budget fetched, not the language's; give fineweb sources weights instead",
-              file=sys.stderr)
+              "size is what the budget fetched, not the language's; give fineweb sources weights "
+              "instead", file=sys.stderr)
     keyed = dict(version=PREPARE_VERSION, mixture=[[s["identity"], s["weight"]] for s in sources],
                  mix_temperature=temperature, **keyed)
     out = _cache_folder(cache_dir, "+".join(s["name"] for s in sources)[:60], keyed)
@@ -764,18 +756,17 @@ def _mixture_training_texts(sources, weights, sizes, clean_kwargs, max_chars):
 
 
 def _source_entry(source, weight, chars, splits, report):
-    """meta["sources"][i]: what the loader needs (name, weight, files) and the
-    source's summary. bytes_per_token and tokens_per_word (fertility: tokens per
-    whitespace-separated word) count the documents' text, not the [SEP] after
-    each; a language the tokenizer over-segments shows a high fertility."""
+    """meta["sources"][i]: what the loader needs (name, weight, files) and the source's summary.
+    bytes_per_token and tokens_per_word (fertility: tokens per whitespace-separated word) count the
+    documents' text, not the [SEP] after each; a language the tokenizer over-segments shows a high
+    fertility."""
     both = lambda key: splits["train"][key] + splits["val"][key]  # noqa: E731
     bytes_per_token, tokens_per_word = text_ratios(report, both("tokens"), both("documents"))
     return {"name": source["name"], "source": source["source"], "weight": weight, "chars": chars,
             "train": splits["train"]["files"], "val": splits["val"]["files"],
             **{f"{s}_{k}": splits[s][k] for s in ("train", "val") for k in ("tokens", "documents")},
             "words": report["words_out"], "bytes_per_token": bytes_per_token,
-            "tokens_per_word": tokens_per_word,
-            "report": report}
+            "tokens_per_word": tokens_per_word, "report": report}
 
 
 def source_lines(meta):
@@ -804,17 +795,17 @@ def _sum_reports(reports):
     return total
 
 
-
+# -------------------------------------------------------------------------------------------------
+# Command line
 
 # The two flags that name the data, shared with train.py's command line
 DATA_HELP = ("'sample' (bundled Shakespeare), 'fineweb' (FineWeb-Edu download), 'fineweb2:LANG' "
-             "(FineWeb-2 download, "
-             "e.g. fineweb2:fra_Latn), a file/folder of .txt/.jsonl/.jsonl.gz/.parquet, or a "
-             "mixture of these: "
+             "(FineWeb-2 download, e.g. fineweb2:fra_Latn), a file/folder of "
+             ".txt/.jsonl/.jsonl.gz/.parquet, or a mixture of these: "
              "'SOURCE:WEIGHT,SOURCE:WEIGHT,...' (docs/data.md: mixtures)")
 MIX_TEMPERATURE_HELP = ("weight a mixture's sources by size^(1/T), size in characters (XLM's "
-                        "language sampling): "
-                        "1 = by size, larger = flatter; the sources then take no weights")
+                        "language sampling): 1 = by size, larger = flatter; the sources then take "
+                        "no weights")
 
 
 def main(argv=None):

@@ -8,13 +8,12 @@ What and from where (the addresses are the public ones; tests serve the same nam
   evaluate_glue.py fine-tunes on.
 How: every download
 - resumes: a file grows in DEST.partial and a new try asks for the rest with an HTTP Range request;
-- retries network errors, 5xx answers and short reads with exponential backoff; a 4xx answer fails
-  at once;
-- checks the byte count against Content-Length or Content-Range, and renames into place only when it
-  is whole;
+- retries network errors, 5xx answers and short reads with exponential backoff;
+  a 4xx answer fails at once;
+- checks the byte count against Content-Length or Content-Range, and renames into place only when
+  it is whole;
 - fails with one line that names the URL, the reason and what to do instead (the caller's `hint`).
-RemoteFile reads parts of a remote file by Range requests (for parquet: the footer, then one row
-group).
+RemoteFile reads parts of a remote file by Range requests (parquet: the footer, then a row group).
 """
 import http.client
 import io
@@ -30,14 +29,12 @@ import zipfile
 
 from tqdm import tqdm
 
-# tmp file, then os.replace: the project's one helper for it (model.py imports no project module,
-# so this makes no import cycle)
-from model import atomic_write
+from files import atomic_write  # a temporary file, then os.replace: never half a file
 
-# first retry wait of a failed download (seconds), doubling per retry: exponential backoff spreads
-# the retries of many clients apart instead of hammering a server that is already struggling
+# The first retry wait of a failed download (seconds), doubling per retry: exponential backoff
+# spreads the retries of many clients apart, instead of hammering a server already struggling.
 DOWNLOAD_BACKOFF_S = 2.0
-# How hard to try: one dict for download_file, fetch_range and RemoteFile; callers override keys
+# How hard to try: one dict for download_file, fetch_range and RemoteFile; callers override keys.
 NETWORK = {
     "retries": 5,         # tries in all; a flaky link usually recovers within a few backoff waits
     "backoff_s": None,    # first wait between tries; None reads DOWNLOAD_BACKOFF_S when it is used
@@ -188,14 +185,13 @@ def retrying(url, attempt, network, hint):
 # FineWeb-Edu and FineWeb-2: the corpora data.py prepares (--data fineweb, --data fineweb2:LANG)
 
 FINEWEB_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
-# a shard holds about 250 M characters, 55-60 M tokens at ~4.3 characters per token (English BPE,
-# 32K vocabulary): the low end, so a token budget never gets too few shards
+# A shard holds about 250 M characters, 55-60 M tokens at ~4.3 characters per token (English BPE,
+# 32K vocabulary): 55 M is the low end, so a token budget never gets too few shards.
 FINEWEB_TOKENS_PER_SHARD = 55e6
 FINEWEB2_URL = "https://huggingface.co/datasets/HuggingFaceFW/fineweb-2/resolve/main"
-# ISO 639-3 language _ ISO 15924 script: fra_Latn
+# A FineWeb-2 language: an ISO 639-3 language code, "_", an ISO 15924 script (fra_Latn).
 FINEWEB2_LANG = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
-# characters fetched per budgeted token: generous, languages compress unlike
-FINEWEB2_CHARS_PER_TOKEN = 5.0
+FINEWEB2_CHARS_PER_TOKEN = 5.0  # characters per budgeted token: generous, languages compress unlike
 FINEWEB2_DEFAULT_CHARS = 250e6  # without a token budget: about one FineWeb-Edu shard's worth
 
 
@@ -208,8 +204,8 @@ OFFLINE_HINT = "use --data sample (bundled corpus) or --data PATH (local .txt/.j
 
 
 def download_fineweb(n_shards, out_dir, base_url=FINEWEB_URL, **kwargs):
-    """Fetch FineWeb-Edu shards shard_00000.parquet ... (first
-    n_shards) into out_dir; returns their paths."""
+    """Fetch the first n_shards FineWeb-Edu shards (shard_00000.parquet, ...) into out_dir; returns
+    their paths."""
     os.makedirs(out_dir, exist_ok=True)
     return [download_file(f"{base_url.rstrip('/')}/shard_{i:05d}.parquet",
                           os.path.join(out_dir, f"shard_{i:05d}.parquet"),
@@ -241,8 +237,7 @@ def download_fineweb2(lang, out_dir, max_chars, base_url=FINEWEB2_URL, progress=
                         try:
                             remote = pq.ParquetFile(RemoteFile(url, hint=hint, **kwargs))
                         except HTTPStatusError as e:
-                            # the language has no more files: use what we have
-                            if e.status == 404 and paths:
+                            if e.status == 404 and paths:  # no more files: use what we have
                                 return paths
                             raise
                         if "text" not in remote.schema_arrow.names:
@@ -265,13 +260,11 @@ def download_fineweb2(lang, out_dir, max_chars, base_url=FINEWEB2_URL, progress=
 
 
 # -------------------------------------------------------------------------------------------------
-# GLUE: the classic GLUE zips, MRPC assembled from SentEval's files, the AX diagnostic set
-# (evaluate_glue.py --download)
+# GLUE (evaluate_glue.py --download): the classic zips, MRPC from SentEval's files, AX diagnostics
 
 GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/"
 MRPC_URL = "https://dl.fbaipublicfiles.com/senteval/senteval_data/"
-# Spelled out per task on purpose: the widely copied download script swaps the QQP and STS-B
-# addresses.
+# Spelled out per task on purpose: the widely copied download script swaps QQP's and STS-B's URLs.
 ZIPS = {"CoLA": "CoLA.zip", "SST-2": "SST-2.zip", "STS-B": "STS-B.zip", "QQP": "QQP-clean.zip",
         "MNLI": "MNLI.zip", "QNLI": "QNLIv2.zip", "RTE": "RTE.zip", "WNLI": "WNLI.zip"}
 MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
@@ -296,8 +289,8 @@ def extract_task_zip(zip_path, glue_dir, task):
             if os.path.isabs(member) or ".." in member.split("/"):
                 raise ValueError(f"{zip_path}: unsafe path {member!r} in zip")
         z.extractall(scratch)
-    tops = [d for d in os.listdir(scratch) if os.path.isdir(os.path.join(scratch,
-                                                                         d)) and d != "__MACOSX"]
+    tops = [d for d in os.listdir(scratch)
+            if os.path.isdir(os.path.join(scratch, d)) and d != "__MACOSX"]
     top = task if task in tops else (tops[0] if len(tops) == 1 else None)
     if top is None:
         raise ValueError(f"{zip_path}: expected one folder named {task} in the zip, found {tops}")
@@ -306,8 +299,8 @@ def extract_task_zip(zip_path, glue_dir, task):
 
 
 def build_mrpc(folder):
-    """train.tsv/dev.tsv/test.tsv from SentEval's MSR paraphrase files and the list of dev (#1 ID,
-    #2 ID) pairs."""
+    """train.tsv/dev.tsv/test.tsv from SentEval's MSR paraphrase files and the list of dev pairs
+    (#1 ID, #2 ID)."""
     with open(os.path.join(folder, "mrpc_dev_ids.tsv"), encoding="utf-8-sig") as f:
         dev_ids = {tuple(line.strip().split("\t")) for line in f if line.strip()}
     # train.tsv is written last: its presence is what marks a task folder as complete
@@ -325,8 +318,8 @@ def build_mrpc(folder):
                 if name == "test":
                     parts["test"].append(f"{i}\t{id1}\t{id2}\t{s1}\t{s2}\n")
                 else:
-                    parts["dev" if (id1,
-                                    id2) in dev_ids else "train"].append(line.rstrip("\r\n") + "\n")
+                    split = "dev" if (id1, id2) in dev_ids else "train"
+                    parts[split].append(line.rstrip("\r\n") + "\n")
     for name, lines in parts.items():
         text = "".join(lines)
         atomic_write(os.path.join(folder, f"{name}.tsv"), lambda f: f.write(text.encode("utf-8")))
@@ -334,12 +327,12 @@ def build_mrpc(folder):
 
 def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries=3,
                   retry_wait_s=2.0):
-    """Fetch every task in `tasks` that is not already in glue_dir (plus AX when MNLI is asked
-    for)."""
+    """Fetch each task in `tasks` not already in glue_dir (plus AX when MNLI is asked for)."""
     os.makedirs(glue_dir, exist_ok=True)
     base_url, mrpc_url = base_url.rstrip("/") + "/", mrpc_url.rstrip("/") + "/"
-    # noqa: E731
-    get = lambda url, dest: fetch(url, dest, retries=retries, retry_wait_s=retry_wait_s)
+
+    def get(url, dest):
+        return fetch(url, dest, retries=retries, retry_wait_s=retry_wait_s)
     for task in tasks:
         if os.path.isfile(os.path.join(glue_dir, task, "train.tsv")):
             print(f"{task}: already in {glue_dir}, not downloaded again")
@@ -352,7 +345,7 @@ def download_glue(glue_dir, tasks, base_url=GLUE_URL, mrpc_url=MRPC_URL, retries
             get(base_url + "mrpc_dev_ids.tsv", os.path.join(folder, "mrpc_dev_ids.tsv"))
             build_mrpc(folder)
         else:
-            # never delete a user's folder to make room
+            # A task folder without train.tsv is the user's: never deleted to make room.
             if os.path.isdir(os.path.join(glue_dir, task)):
                 raise ValueError(f"{os.path.join(glue_dir, task)}: exists without train.tsv; "
                                  "remove it and retry")

@@ -1,7 +1,7 @@
 """GLUE fine-tuning, scoring and leaderboard submission files for a pretrained growcram checkpoint.
 
     python evaluate_glue.py --download --glue-dir glue_data          # fetch the data (once)
-    python evaluate_glue.py --checkpoint runs/cram/final --glue-dir glue_data --out runs/glue --seeds 5
+    python evaluate_glue.py --checkpoint runs/cram/final --glue-dir glue_data --seeds 5
 
 Protocol: cramming's "GLUE-sane" (Geiping & Goldstein 2023, "Cramming: Training a Language Model on
 a Single GPU in One Day", ICML; `eval/GLUE_sane.yaml` in JonasGeiping/cramming). One set of
@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 import data
 import download
+import files
 import model
 import tokenizer
 
@@ -47,16 +48,15 @@ csv.field_size_limit(1 << 24)  # a few MNLI/QQP fields are long; the default 128
 TASKS = {
     "CoLA": dict(text=("sentence", None), label="label", classes=["0", "1"], metrics=("mcc",),
                  dev={"": "dev.tsv"}, test={"CoLA": "test.tsv"}, score={"CoLA": "mcc"},
-                 # train/dev have no header row: source, label, original label ('*' or empty),
-                 # sentence
+                 # train/dev have no header: source, label, original label ('*' or empty), sentence
                  no_header=("source", "label", "original_label", "sentence")),
     "SST-2": dict(text=("sentence", None), label="label", classes=["0", "1"], metrics=("accuracy",),
                   dev={"": "dev.tsv"}, test={"SST-2": "test.tsv"}, score={"SST-2": "accuracy"}),
     "MRPC": dict(text=("#1 String", "#2 String"), label="Quality", classes=["0", "1"],
                  metrics=("f1", "accuracy"),
                  dev={"": "dev.tsv"}, test={"MRPC": "test.tsv"}, score={"MRPC": "f1"}),
-    "STS-B": dict(text=("sentence1", "sentence2"), label="score", classes=None, metrics=("pearson",
-                                                                                         "spearman"),
+    "STS-B": dict(text=("sentence1", "sentence2"), label="score", classes=None,
+                  metrics=("pearson", "spearman"),
                   dev={"": "dev.tsv"}, test={"STS-B": "test.tsv"}, score={"STS-B": "pearson"}),
     "QQP": dict(text=("question1", "question2"), label="is_duplicate", classes=["0", "1"],
                 metrics=("f1", "accuracy"),
@@ -67,14 +67,12 @@ TASKS = {
                  test={"MNLI-m": "test_matched.tsv", "MNLI-mm": "test_mismatched.tsv",
                        "AX": os.path.join("..", "diagnostic", "diagnostic.tsv")},
                  score={"MNLI-m": "accuracy_m", "MNLI-mm": "accuracy_mm"}),
-    "QNLI": dict(text=("question", "sentence"), label="label", classes=["entailment",
-                                                                        "not_entailment"],
-                 metrics=("accuracy",), dev={"": "dev.tsv"}, test={"QNLI": "test.tsv"},
-                 score={"QNLI": "accuracy"}),
-    "RTE": dict(text=("sentence1", "sentence2"), label="label", classes=["entailment",
-                                                                         "not_entailment"],
-                metrics=("accuracy",), dev={"": "dev.tsv"}, test={"RTE": "test.tsv"},
-                score={"RTE": "accuracy"}),
+    "QNLI": dict(text=("question", "sentence"), label="label",
+                 classes=["entailment", "not_entailment"], metrics=("accuracy",),
+                 dev={"": "dev.tsv"}, test={"QNLI": "test.tsv"}, score={"QNLI": "accuracy"}),
+    "RTE": dict(text=("sentence1", "sentence2"), label="label",
+                classes=["entailment", "not_entailment"], metrics=("accuracy",),
+                dev={"": "dev.tsv"}, test={"RTE": "test.tsv"}, score={"RTE": "accuracy"}),
     "WNLI": dict(text=("sentence1", "sentence2"), label="label", classes=["0", "1"],
                  metrics=("accuracy",),
                  dev={"": "dev.tsv"}, test={"WNLI": "test.tsv"}, score={"WNLI": "accuracy"}),
@@ -83,15 +81,13 @@ SUBMISSION_FILES = ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm"
                     "WNLI", "AX"]
 
 
-
 def task_key(name):
-    """'SST-2', 'sst2', 'Sst_2' -> 'sst2': the GLUE folder names and the Hugging Face spellings
-    match alike."""
+    """'SST-2', 'sst2', 'Sst_2' -> 'sst2': GLUE's folder names and Hugging Face's, alike."""
     return name.lower().replace("-", "").replace("_", "")
 
 
 def check_tasks(tasks):
-    """GLUE folder names (CoLA, SST-2, STS-B) or Hugging Face's (cola, sst2, stsb), any case ->
+    """GLUE folder names (CoLA, SST-2, STS-B) or Hugging Face's (cola, sst2, stsb), in any case ->
     folder names."""
     by_key = {task_key(t): t for t in TASKS}
     unknown = [t for t in tasks if task_key(t) not in by_key]
@@ -100,13 +96,12 @@ def check_tasks(tasks):
                          "sst2, stsb, ...)")
     return [by_key[task_key(t)] for t in tasks]
 
+
 # -----------------------------------------------------------------------------
 # Reading the TSV files exactly as distributed
 
-
 def read_tsv(path, names=None):
-    """(header, rows as dicts with their line number under "_line", n_skipped) of a tab-separated
-    file.
+    """(header, rows as dicts with their line number under "_line", n_skipped) of a TSV file.
 
     names=None: the first row is the header. Rows whose field count differs from the header are
     malformed (QQP's train file has a few) and are skipped and counted rather than guessed at.
@@ -121,8 +116,8 @@ def read_tsv(path, names=None):
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}, line {line}: invalid UTF-8 (byte "
-                         f"0x{raw[e.start]:02x})") from None
+        raise ValueError(f"{path}, line {line}: invalid UTF-8 "
+                         f"(byte 0x{raw[e.start]:02x})") from None
     # no GLUE file uses quoting: a quote mark is text (a quoted phrase), never a field delimiter
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
     header = list(names) if names else next(reader, None)
@@ -139,14 +134,14 @@ def read_tsv(path, names=None):
 
 def no_rows(path, skipped):
     """The error for a file with nothing to train or score on (no score from no data)."""
-    return f"{path}: no usable rows" + (f" ({skipped} malformed row(s) skipped: their field count "
-                                        "differs from "
-                                         "the header's)" if skipped else "")
+    why = (f" ({skipped} malformed row(s) skipped: their field count differs from the header's)"
+           if skipped else "")
+    return f"{path}: no usable rows{why}"
 
 
 def parse_split(spec, path, labelled):
-    """One split as plain lists: {"a", "b" (or None), "labels" (int class ids / floats / None),
-    "index", ...}."""
+    """One split as plain lists:
+    {"a", "b" (or None), "labels" (int class ids / floats / None), "index", ...}."""
     names = spec.get("no_header") if labelled else None  # CoLA's test file does have a header
     header, rows, skipped = read_tsv(path, names)
     col_a, col_b = spec["text"]
@@ -167,8 +162,8 @@ def parse_split(spec, path, labelled):
 
 
 def parse_labels(raw, classes, path):
-    """(label string, line number) pairs -> class ids in `classes` order, or floats when classes is
-    None."""
+    """(label string, line number) pairs -> class ids in `classes` order, or floats when classes
+    is None."""
     lookup = {c: i for i, c in enumerate(classes or [])}
     out = []
     for x, line in raw:
@@ -191,11 +186,10 @@ def load_task(name, glue_dir, spec=None):
     folder = os.path.join(glue_dir, name)
     if not os.path.isdir(folder):
         raise ValueError(f"{folder}: task folder for {name} not found (use --download, or point "
-                         "--glue-dir "
-                         f"at the folder that holds CoLA/, SST-2/, ...)")
+                         "--glue-dir at the folder that holds CoLA/, SST-2/, ...)")
     task = {"train": parse_split(spec, os.path.join(folder, "train.tsv"), True),
-            "dev": {k: parse_split(spec, os.path.join(folder, f), True) for k,
-                    f in spec["dev"].items()},
+            "dev": {k: parse_split(spec, os.path.join(folder, f), True)
+                    for k, f in spec["dev"].items()},
             "test": {}, "missing_test": []}
     # a missing test file costs only its submission file: the dev score needs none, so it is
     # recorded and reported rather than an error
@@ -235,8 +229,7 @@ def load_task_file(path, dev_path=None, task_type="auto"):
     if classes is not None and len(classes) < 2:
         raise ValueError(f"{path}: a classification task needs at least 2 labels, found {classes}")
     spec = dict(text=(col_a, col_b), label="label", classes=classes, dev={"": ""}, test={},
-                score={},
-                metrics=("accuracy", "mcc") if classes else ("pearson", "spearman"))
+                score={}, metrics=("accuracy", "mcc") if classes else ("pearson", "spearman"))
     train = parse_split(spec, path, True)
     if dev_path:
         dev = parse_split(spec, dev_path, True)
@@ -245,8 +238,7 @@ def load_task_file(path, dev_path=None, task_type="auto"):
         n_dev = max(1, len(perm) // 10)
         if len(perm) - n_dev < 2:
             raise ValueError(f"{path}: {len(perm)} row(s) leave no training rows after holding out "
-                             "10% for dev; "
-                             "add rows or give --task-dev-file")
+                             "10% for dev; add rows or give --task-dev-file")
         dev, train = subset(train, np.sort(perm[:n_dev])), subset(train, np.sort(perm[n_dev:]))
     name = os.path.splitext(os.path.basename(path))[0]
     return name, spec, {"train": train, "dev": {"": dev}, "test": {}, "missing_test": []}
@@ -259,12 +251,12 @@ def subset(split, idx):
     out["labels"] = None if split["labels"] is None else split["labels"][idx]
     return out
 
+
 # -----------------------------------------------------------------------------
 # Metrics in numpy. All return fractions in [-1, 1] or [0, 1]; the report multiplies by 100.
 # GLUE's choice per task (Wang et al. 2019, sec. 3): MCC for CoLA, whose classes are unbalanced;
 # F1 (with accuracy) for MRPC and QQP, whose positive class is the rarer one; Pearson and Spearman
 # for STS-B, a similarity score in [0, 5]; accuracy elsewhere.
-
 
 def accuracy(pred, gold):
     """Fraction right; NaN for no rows (no score from no data)."""
@@ -280,8 +272,7 @@ def f1_score(pred, gold, positive=1):
 
 
 def matthews_corrcoef(pred, gold):
-    """Matthews correlation (Gorodkin's K-class form; for 2 classes it is (TP*TN - FP*FN) /
-    sqrt(...)).
+    """Matthews correlation (Gorodkin's K-class form; for 2 classes (TP*TN - FP*FN) / sqrt(...)).
 
     With confusion matrix C (K,K), c = trace, s = total, t_k = true counts, p_k = predicted counts:
     MCC = (c*s - sum_k p_k t_k) / sqrt((s^2 - sum_k p_k^2) (s^2 - sum_k t_k^2)). A constant
@@ -298,8 +289,8 @@ def matthews_corrcoef(pred, gold):
 
 
 def pearson(x, y):
-    """Pearson correlation; NaN where it is undefined: a constant side, a NaN anywhere, fewer than 2
-    pairs (as scipy). The CLI turns a NaN into an error rather than report a number."""
+    """Pearson correlation; NaN where it is undefined: a constant side, a NaN anywhere, fewer than
+    2 pairs (as scipy). The CLI turns a NaN into an error rather than report a number."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(x) < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()):
         return math.nan
@@ -310,8 +301,8 @@ def pearson(x, y):
 
 
 def rankdata(x):
-    """Ranks 1..n with ties sharing the average of the ranks they span (e.g. [5, 1, 5] -> [2.5, 1,
-    2.5])."""
+    """Ranks 1..n with ties sharing the average of the ranks they span
+    (e.g. [5, 1, 5] -> [2.5, 1, 2.5])."""
     _, which, counts = np.unique(np.asarray(x), return_inverse=True, return_counts=True)
     # the distinct values, in order, occupy ranks last-count+1 .. last
     last = np.cumsum(counts)
@@ -331,8 +322,7 @@ METRICS = {"accuracy": accuracy, "f1": f1_score, "mcc": matthews_corrcoef, "pear
 
 
 def task_metrics(spec, dev_preds, task):
-    """{metric[_suffix]: percent} over every dev set of a task, e.g. MNLI -> accuracy_m,
-    accuracy_mm."""
+    """{metric[_suffix]: percent} over every dev set of a task, e.g. MNLI -> accuracy_m, _mm."""
     out = {}
     for suffix, split in task["dev"].items():
         for name in spec["metrics"]:
@@ -342,8 +332,8 @@ def task_metrics(spec, dev_preds, task):
 
 
 def glue_score(numbers, include_wnli=False):
-    """(score, convention sentence) from {"CoLA": mcc, ..., "MNLI-m": acc, "MNLI-mm": acc, ...} in
-    percent.
+    """(score, convention sentence) from {"CoLA": mcc, ..., "MNLI-m": acc, "MNLI-mm": acc, ...},
+    in percent.
 
     cramming's convention: the arithmetic mean of 9 numbers (MNLI-m and -mm separate, MRPC/QQP F1,
     STS-B Pearson, CoLA MCC, the rest accuracy), WNLI excluded. A subset of tasks is marked as
@@ -357,16 +347,15 @@ def glue_score(numbers, include_wnli=False):
     score = float(np.mean([numbers[k] for k in used]))
     wnli = "WNLI accuracy included" if include_wnli else "WNLI excluded"
     convention = (f"cramming convention: mean of {len(full)} numbers, MNLI-m and -mm separate, "
-                  "MRPC/QQP F1, "
-                  f"STS-B Pearson, CoLA MCC, others accuracy, {wnli}")
+                  f"MRPC/QQP F1, STS-B Pearson, CoLA MCC, others accuracy, {wnli}")
     if len(used) < len(full):
         missing = [k for k in full if k not in numbers]
         convention += f"; PARTIAL: {len(used)} of {len(full)} numbers, missing {', '.join(missing)}"
     return score, convention
 
+
 # -----------------------------------------------------------------------------
 # Inputs: [CLS] a [SEP] b [SEP], tokenized once per task, padded per batch
-
 
 def join_pair(a, b, ids, max_len):
     """Token lists a, b (or None) -> [CLS] a [SEP] (b [SEP]), at most max_len tokens.
@@ -388,15 +377,16 @@ def encode_split(enc, split, ids, max_len, clean=lambda t: t):
     clean: the same text cleaning the pretraining corpus had (e.g. lowercasing), applied before
     encoding."""
     a = enc.encode_ordinary_batch([clean(t) for t in split["a"]])
-    b = enc.encode_ordinary_batch([clean(t) for t in split["b"]]) if split["b"] is not None else [None] * len(a)
-    # int32 arrays take ~5x less memory than lists of Python ints (QQP and MNLI have ~400k pairs
-    # each)
+    b = [None] * len(a)
+    if split["b"] is not None:
+        b = enc.encode_ordinary_batch([clean(t) for t in split["b"]])
+    # int32 arrays take ~5x less memory than lists of Python ints (QQP and MNLI: ~400k pairs each)
     return [np.array(join_pair(x, y, ids, max_len), dtype=np.int32) for x, y in zip(a, b)]
 
 
 def pad_batch(seqs, pad_id, device):
-    """Right-pad to the longest sequence in this batch: input_ids (B, T) and attention_mask (B, T),
-    1 = real."""
+    """Right-pad to the longest sequence in this batch: input_ids (B, T) and attention_mask (B, T)
+    with 1 = real."""
     T = max(len(s) for s in seqs)
     input_ids = np.full((len(seqs), T), pad_id, dtype=np.int64)
     mask = np.zeros((len(seqs), T), dtype=np.int64)
@@ -405,22 +395,22 @@ def pad_batch(seqs, pad_id, device):
         mask[i, :len(s)] = 1
     return torch.from_numpy(input_ids).to(device), torch.from_numpy(mask).to(device)
 
+
 # -----------------------------------------------------------------------------
 # Fine-tuning one task with one seed
-
 
 def lr_factor(step, warmup_steps, total_steps):
     """Multiplier of the peak lr before optimizer step `step` (0-based): linear warmup from 0, then
     cosine to 0, on a step clock (the same numbers as train.py's cosine schedule)."""
     total = max(1, total_steps)
     p, warmup = step / total, warmup_steps / total
-    # Warmup, as in BERT's recipe (Devlin et al. 2019; its fine-tuning code warms up over 10% of the
-    # steps): a fresh head's first gradients are large and noisy, and full steps on them would
-    # disturb the pretrained trunk
+    # Warmup, as in BERT's recipe (Devlin et al. 2019; its fine-tuning code warms up over 10% of
+    # the steps): a fresh head's first gradients are large and noisy, and full steps on them would
+    # disturb the pretrained trunk.
     if warmup > 0 and p < warmup:
         return p / warmup
     # Then one half-period of a cosine down to 0 (SGDR, Loshchilov & Hutter 2017), as cramming's
-    # GLUE protocol does: the lr is near 0 for the last steps, so the last-epoch score is settled
+    # GLUE protocol does: the lr is near 0 for the last steps, so the last-epoch score is settled.
     q = (p - warmup) / (1.0 - warmup)
     return 0.5 * (1.0 + math.cos(math.pi * min(q, 1.0)))
 
@@ -453,17 +443,15 @@ def predict(net, seqs, pad_id, batch_size, device, classes):
     return out[:, 0] if classes is None else out.argmax(-1)
 
 
-def finetune(trunk, spec, examples, settings, seed, desc=""):
+def finetune(trunk, spec, encoded, labels, settings, seed, desc=""):
     """Copy the pretrained trunk, attach a fresh head, train for settings["epochs"] epochs and
-    return the trained model. examples = (encoded, labels): token lists of the train split and its
-    (N,) class ids or floats. settings: evaluate's, with "device", "pad_id" and "progress"."""
-    encoded, labels = examples
+    return the trained model. encoded: the token lists of the train split; labels: its (N,) class
+    ids or floats. settings: evaluate's, with "device", "pad_id" and "progress"."""
     device, progress = settings["device"], settings["progress"]
     torch.manual_seed(seed)  # the head init and dropout masks
     net = copy.deepcopy(trunk)
     model.add_classifier(net, 1 if spec["classes"] is None else len(spec["classes"]))
-    # pretraining runs without dropout; fine-tuning uses it
-    model.set_dropout(net, settings["dropout"])
+    model.set_dropout(net, settings["dropout"])  # dropout: off in pretraining, on for fine-tuning
     net.to(device).train()
     bs, n = settings["batch_size"], len(encoded)
     total = settings["epochs"] * math.ceil(n / bs)
@@ -486,28 +474,30 @@ def finetune(trunk, spec, examples, settings, seed, desc=""):
             sched.step()
             opt.zero_grad(set_to_none=True)
             bar.update(1)
-            if bar.n % 50 == 0:
-                # .item() waits for the GPU, so only now and then
+            if bar.n % 50 == 0:  # .item() waits for the GPU, so only now and then
                 bar.set_postfix(loss=f"{loss.item():.4f}")
     bar.close()
     return net
 
 
 def write_text(path, text):
-    model.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
+    files.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
 
 
 def write_submission(path, index, preds, classes):
-    """The leaderboard format: header `index<TAB>prediction`, labels as the task's strings, STS-B in
-    [0, 5]."""
+    """The leaderboard format: header `index<TAB>prediction`, labels as the task's strings, STS-B
+    in [0, 5]."""
     lines = ["index\tprediction\n"]
     for i, p in zip(index, preds):
-        lines.append(f"{i}\t{min(5.0, max(0.0, float(p))):.3f}\n" if classes is None else f"{i}\t{classes[int(p)]}\n")
+        if classes is None:  # STS-B's similarity, clipped to the scale's [0, 5]
+            lines.append(f"{i}\t{min(5.0, max(0.0, float(p))):.3f}\n")
+        else:
+            lines.append(f"{i}\t{classes[int(p)]}\n")
     write_text(path, "".join(lines))
 
-# -----------------------------------------------------------------------------
-# The whole evaluation
 
+# -----------------------------------------------------------------------------
+# The whole evaluation: each task fine-tuned, scored and written
 
 def text_cleaning(checkpoint, clean=None):
     """The cleaning data.py applied before pretraining (Unicode form, lowercasing, accents), so
@@ -524,65 +514,112 @@ def text_cleaning(checkpoint, clean=None):
     return {}, "data.py defaults"
 
 
-def run_task(name, spec, task_data, net_io, settings):
-    """Fine-tune one task settings["seeds"] times. Returns (result dict, {submission name:
-    predictions}).
-
-    net_io = (trunk, enc, ids, clean, device). Tokenization happens once here; every seed reuses it.
-    """
-    trunk, enc, ids, clean, device = net_io
-    t0, train, max_len = time.time(), task_data["train"], settings["max_len"]
-    cap = settings["max_train_examples"]
-    if cap and len(train["a"]) > cap:  # a fixed random subset (seed 0) for quick runs
-        train = subset(train, np.sort(np.random.default_rng(0).choice(len(train["a"]), cap,
-                                                                      replace=False)))
-    if spec["classes"] and len(train["a"]) < len(spec["classes"]):
-        raise ValueError(f"{name}: {len(train['a'])} training row(s) for {len(spec['classes'])} "
-                         "classes")
-    enc_train = encode_split(enc, train, ids, max_len, clean)
-    enc_dev = {k: encode_split(enc, s, ids, max_len, clean) for k, s in task_data["dev"].items()}
-    enc_test = {k: encode_split(enc, s, ids, max_len, clean) for k, s in task_data["test"].items()
-                if settings["predict_test"]}  # test sets are only needed for submission files
+def run_task(name, spec, task_data, trunk, enc, clean, settings):
+    """Fine-tune one task settings["seeds"] times and score every run on the dev sets. Returns
+    (result dict, {submission name: test predictions of the median run}). trunk: the pretrained
+    model; enc: its tokenizer; clean: text -> text, the pretraining corpus's cleaning; settings:
+    evaluate's protocol with "device", "pad_id", "predict_test", "progress" and "save_model"."""
+    t0 = time.time()
+    train = training_rows(name, spec, task_data["train"], settings["max_train_examples"])
+    # Tokenized once here; every seed reuses the token lists.
+    tokens = encode_task(enc, train, task_data, settings["max_len"], clean,
+                         with_test=settings["predict_test"])
     runs = []
     for seed in range(settings["seeds"]):
-        net = finetune(trunk, spec, (enc_train, train["labels"]), settings, seed,
-                       f"{name} seed {seed}")
+        net = finetune(trunk, spec, tokens["train"], train["labels"], settings, seed,
+                       desc=f"{name} seed {seed}")
         try:
-            preds = {split: {k: predict(net, seqs, ids["pad"], settings["eval_batch_size"], device,
-                                        spec["classes"])
-                             for k, seqs in encoded.items()}
-                     for split, encoded in (("dev", enc_dev), ("test", enc_test))}
+            preds = predict_splits(net, tokens, spec["classes"], settings["pad_id"],
+                                   settings["eval_batch_size"], settings["device"])
+            metrics = dev_metrics(spec, preds["dev"], task_data)
         except ValueError as e:
             raise ValueError(f"{name}, seed {seed}: {e}") from None
-        metrics = task_metrics(spec, preds["dev"], task_data)
-        undefined = [k for k, v in metrics.items() if math.isnan(v)]
-        if undefined:
-            raise ValueError(f"{name}, seed {seed}: {', '.join(undefined)} undefined on dev: every "
-                             "prediction is the "
-                             "same (the fine-tuned model collapsed; try another --lr or more "
-                             "--epochs)")
         runs.append({"seed": seed, "metrics": metrics, "test": preds["test"]})
         if seed == 0 and settings["save_model"]:  # one fine-tuned model per task for export.py
             save_finetuned(net, enc, spec["classes"], os.path.join(settings["save_model"], name))
         del net
-    metrics = {k: float(np.median([r["metrics"][k] for r in runs])) for k in runs[0]["metrics"]}
-    # Test predictions come from the run closest to the median of the headline metric (for odd K:
-    # the median run).
-    headline = [spec["metrics"][0] + (f"_{k}" if k else "") for k in task_data["dev"]]
+    metrics = median_metrics(runs)
+    chosen = median_run(runs, spec, dev_suffixes=list(task_data["dev"]))
+    skipped = skipped_rows(task_data)
+    print_task(name, metrics, skipped, time.time() - t0)
+    result = {"metrics": metrics, "per_seed": [{"seed": r["seed"], **r["metrics"]} for r in runs],
+              "submission_seed": chosen["seed"], "n_train": len(tokens["train"]),
+              "n_dev": {k or "dev": len(v) for k, v in tokens["dev"].items()},
+              "skipped_rows": skipped, "seconds": round(time.time() - t0, 2)}
+    return result, chosen["test"]
+
+
+def training_rows(name, spec, train, cap):
+    """The training split, or a fixed random subset of cap rows (seed 0) of it for quick runs
+    (cap None: all); an error when it has fewer rows than the task has classes."""
+    if cap and len(train["a"]) > cap:
+        picked = np.random.default_rng(0).choice(len(train["a"]), cap, replace=False)
+        train = subset(train, np.sort(picked))
+    if spec["classes"] and len(train["a"]) < len(spec["classes"]):
+        raise ValueError(f"{name}: {len(train['a'])} training row(s) for {len(spec['classes'])} "
+                         "classes")
+    return train
+
+
+def encode_task(enc, train, task_data, max_len, clean, with_test):
+    """{"train": token lists, "dev": {suffix: token lists}, "test": {submission name: token
+    lists}} of one task: the inputs [CLS] a [SEP] b [SEP] (encode_split). with_test=False leaves
+    "test" empty."""
+    ids = tokenizer.special_ids(enc)
+    encode = lambda split: encode_split(enc, split, ids, max_len, clean)  # noqa: E731
+    tokens = {"train": encode(train),
+              "dev": {k: encode(split) for k, split in task_data["dev"].items()}, "test": {}}
+    if with_test:  # test sets are only needed for the submission files
+        tokens["test"] = {k: encode(split) for k, split in task_data["test"].items()}
+    return tokens
+
+
+def predict_splits(net, tokens, classes, pad_id, batch_size, device):
+    """{"dev": {suffix: predictions}, "test": {submission name: predictions}} of a fine-tuned
+    model for encode_task's token lists."""
+    return {split: {k: predict(net, seqs, pad_id, batch_size, device, classes)
+                    for k, seqs in tokens[split].items()}
+            for split in ("dev", "test")}
+
+
+def dev_metrics(spec, dev_preds, task_data):
+    """task_metrics of one run, or an error when a metric is undefined: every prediction was the
+    same, and a number would hide that the fine-tuned model collapsed."""
+    metrics = task_metrics(spec, dev_preds, task_data)
+    undefined = [k for k, v in metrics.items() if math.isnan(v)]
+    if undefined:
+        raise ValueError(f"{', '.join(undefined)} undefined on dev: every prediction is the same "
+                         "(the fine-tuned model collapsed; try another --lr or more --epochs)")
+    return metrics
+
+
+def median_metrics(runs):
+    """{metric: its median over the runs (one per seed)}: the number reported per metric."""
+    return {k: float(np.median([r["metrics"][k] for r in runs])) for k in runs[0]["metrics"]}
+
+
+def median_run(runs, spec, dev_suffixes):
+    """The run whose headline metric (the task's first, averaged over its dev sets: MNLI's "m" and
+    "mm", or "" for one) is closest to the median: its test predictions become the submission
+    files. For an odd number of seeds it is the median run itself."""
+    headline = [spec["metrics"][0] + (f"_{k}" if k else "") for k in dev_suffixes]
     per_run = np.array([np.mean([r["metrics"][k] for k in headline]) for r in runs])
-    chosen = runs[int(np.argmin(np.abs(per_run - np.median(per_run))))]
-    skipped = {"train": task_data["train"]["skipped"],
-               **{"dev" + (f"_{k}" if k else ""): s["skipped"] for k, s in task_data["dev"].items()}}
+    return runs[int(np.argmin(np.abs(per_run - np.median(per_run))))]
+
+
+def skipped_rows(task_data):
+    """{"train", "dev" or "dev_<suffix>": malformed rows read_tsv skipped in that file}."""
+    dev = {"dev" + (f"_{k}" if k else ""): s["skipped"] for k, s in task_data["dev"].items()}
+    return {"train": task_data["train"]["skipped"], **dev}
+
+
+def print_task(name, metrics, skipped, seconds):
+    """The task's lines of the report: the files with skipped rows, then the median metrics."""
     for k, n in skipped.items():
         if n:
             print(f"{name}: skipped {n} malformed row(s) in {k}")
     print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items())
-          + f"  ({time.time() - t0:.0f} s)")
-    result = {"metrics": metrics, "per_seed": [{"seed": r["seed"], **r["metrics"]} for r in runs],
-              "submission_seed": chosen["seed"], "n_train": len(enc_train),
-              "n_dev": {k or "dev": len(v) for k, v in enc_dev.items()}, "skipped_rows": skipped,
-              "seconds": round(time.time() - t0, 2)}
-    return result, chosen["test"]
+          + f"  ({seconds:.0f} s)")
 
 
 def save_finetuned(net, enc, classes, folder):
@@ -596,26 +633,26 @@ def save_finetuned(net, enc, classes, folder):
 # evaluate()'s settings: cramming's GLUE-sane protocol (Geiping & Goldstein 2023), whose
 # hyperparameters are set once for all tasks; pass a dict with the keys to change
 DEFAULTS = {
-    "glue_dir": "glue_data",       # folder with CoLA/, SST-2/, ... (download.py fills it)
-    "seeds": 5,                    # fine-tuning runs per task, median reported: small sets are noisy
-    "out": None,                   # folder for results.json, results.md, submission/*.tsv
-    "epochs": 5,                   # cramming's rule: at most 5 epochs of fine-tuning
-    "lr": 4e-5,                    # peak AdamW lr; BERT picked from 2e-5..5e-5 (Devlin et al. 4.1)
-    "batch_size": 16,              # sequences per step: many updates even on RTE's 2.5k rows
-    "warmup": 0.1,                 # linear warmup over this share of the steps, then cosine to 0
-    "dropout": 0.1,                # on while fine-tuning (off in pretraining), as BERT's 0.1
-    "weight_decay": 0.0,           # none, as cramming's protocol sets it
-    "max_len": 128,                # tokens per input with [CLS]/[SEP] (cramming's max_seq_length)
-    "eval_batch_size": 128,        # no gradients at evaluation, so bigger batches fit
-    "max_train_examples": None,    # a fixed random subset of each training set (quick runs)
-    "include_wnli": False,         # count WNLI in the score (cramming does not: adversarial dev set)
-    "device": None,                # None: cuda if available, else cpu
-    "task_file": None,             # your own TSV task (load_task_file), run after the GLUE tasks
-    "task_dev_file": None,         # its dev TSV; None holds out 10% of its rows
-    "task_type": "auto",           # classification | regression | auto (from the labels)
-    "clean": None,                 # data.clean_text keywords; None: as the checkpoint's meta.json
-    "progress": True,              # progress bars
-    "save_model": None,            # folder: each task's seed-0 fine-tuned model in save_model/TASK/
+    "glue_dir": "glue_data",     # folder with CoLA/, SST-2/, ... (download.py fills it)
+    "seeds": 5,                  # fine-tuning runs per task, median reported: small sets are noisy
+    "out": None,                 # folder for results.json, results.md, submission/*.tsv
+    "epochs": 5,                 # cramming's rule: at most 5 epochs of fine-tuning
+    "lr": 4e-5,                  # peak AdamW lr; BERT picked from 2e-5..5e-5 (Devlin et al. 4.1)
+    "batch_size": 16,            # sequences per step: many updates even on RTE's 2.5k rows
+    "warmup": 0.1,               # linear warmup over this share of the steps, then cosine to 0
+    "dropout": 0.1,              # on while fine-tuning (off in pretraining), as BERT's 0.1
+    "weight_decay": 0.0,         # none, as cramming's protocol sets it
+    "max_len": 128,              # tokens per input with [CLS]/[SEP] (cramming's max_seq_length)
+    "eval_batch_size": 128,      # no gradients at evaluation, so bigger batches fit
+    "max_train_examples": None,  # a fixed random subset of each training set (quick runs)
+    "include_wnli": False,       # count WNLI in the score (cramming does not: adversarial dev set)
+    "device": None,              # None: cuda if available, else cpu
+    "task_file": None,           # your own TSV task (load_task_file), run after the GLUE tasks
+    "task_dev_file": None,       # its dev TSV; None holds out 10% of its rows
+    "task_type": "auto",         # classification | regression | auto (from the labels)
+    "clean": None,               # data.clean_text keywords; None: as the checkpoint's meta.json
+    "progress": True,            # progress bars
+    "save_model": None,          # folder: each task's seed-0 fine-tuned model in save_model/TASK/
 }
 
 
@@ -664,7 +701,9 @@ def evaluate(checkpoint, tasks=None, settings=None):
           f"dropout {protocol['dropout']:g}, max length {max_len}, last-epoch dev score, "
           f"median of {protocol['seeds']} seed(s), device {device}; "
           f"text cleaning {clean} ({clean_source})")
-    net_io = (trunk, enc, ids, lambda t: data.clean_text(t, **clean)[0], device)
+
+    def clean_text(text):  # fine-tuning text cleaned as the pretraining corpus was
+        return data.clean_text(text, **clean)[0]
 
     results = {"checkpoint": checkpoint, "glue_dir": glue_dir, "units": "percent",
                "settings": protocol, "tasks": {}, "submission_files": []}
@@ -676,7 +715,8 @@ def evaluate(checkpoint, tasks=None, settings=None):
         jobs.append((name, spec, lambda: task_data))
     for name, spec, load in jobs:
         task_data = load()  # one task at a time in memory: QQP and MNLI are large
-        results["tasks"][name], test_preds = run_task(name, spec, task_data, net_io, settings)
+        results["tasks"][name], test_preds = run_task(name, spec, task_data, trunk, enc,
+                                                      clean_text, settings)
         missing.update({sub: why for sub, why in task_data["missing_test"]})
         for sub, preds in test_preds.items():  # empty unless out is set
             os.makedirs(os.path.join(out, "submission"), exist_ok=True)
@@ -689,9 +729,9 @@ def evaluate(checkpoint, tasks=None, settings=None):
 def report(results, missing, out, include_wnli):
     """Add the GLUE score and the missing submission files to results, print the table and write
     out/results.json and out/results.md when out is set. Returns results."""
+    scored = [t for t in TASKS if t in results["tasks"] and (t != "WNLI" or include_wnli)]
     numbers = {sub: results["tasks"][t]["metrics"][key]
-               for t, spec in TASKS.items() if t in results["tasks"] and (t != "WNLI" or include_wnli)
-               for sub, key in spec["score"].items()}
+               for t in scored for sub, key in TASKS[t]["score"].items()}
     score, convention = glue_score(numbers, include_wnli)
     results.update(glue_score=score, glue_convention=convention, glue_numbers=numbers)
     # a --task-file run alone makes no leaderboard files
@@ -717,14 +757,12 @@ def markdown_table(results):
     s = results["settings"]
     lines = [f"# GLUE dev results for `{results['checkpoint']}`", "",
              f"lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']} epochs, cosine with "
-             f"{s['warmup']:.0%} warmup, "
-             f"dropout {s['dropout']:g}, max length {s['max_len']}; median of {s['seeds']} "
-             "seed(s); percent.", "",
+             f"{s['warmup']:.0%} warmup, dropout {s['dropout']:g}, max length {s['max_len']}; "
+             f"median of {s['seeds']} seed(s); percent.", "",
              "| task | metric | median | per seed |", "|---|---|---:|---|"]
     for name, r in results["tasks"].items():
-        in_score = {key for sub,
-                    key in TASKS[name]["score"].items() if sub in results["glue_numbers"]} \
-            if name in TASKS else set()
+        score_keys = TASKS[name]["score"].items() if name in TASKS else ()
+        in_score = {key for sub, key in score_keys if sub in results["glue_numbers"]}
         for k, v in r["metrics"].items():
             mark = "" if k in in_score else " (not in score)"
             seeds = ", ".join(f"{p[k]:.2f}" for p in r["per_seed"])
@@ -732,18 +770,18 @@ def markdown_table(results):
     score = "n/a" if results["glue_score"] is None else f"{results['glue_score']:.2f}"
     return "\n".join(lines) + f"\n\nGLUE score ({results['glue_convention']}): {score}\n"
 
+
 # -----------------------------------------------------------------------------
 # Command line
-
 
 def check_args(parser, args):
     """One-line errors for flags that parse but cannot give a score, before any file is read."""
     rules = [("seeds", args.seeds >= 1, ">= 1"), ("epochs", args.epochs >= 1, ">= 1"),
              ("lr", args.lr > 0 and math.isfinite(args.lr), "a positive number"),
-             ("batch_size", args.batch_size >= 1, ">= 1"), ("eval_batch_size",
-                                                            args.eval_batch_size >= 1, ">= 1"),
-             ("warmup", 0 <= args.warmup < 1, "in [0, 1)"), ("dropout", 0 <= args.dropout < 1,
-                                                             "in [0, 1)"),
+             ("batch_size", args.batch_size >= 1, ">= 1"),
+             ("eval_batch_size", args.eval_batch_size >= 1, ">= 1"),
+             ("warmup", 0 <= args.warmup < 1, "in [0, 1)"),
+             ("dropout", 0 <= args.dropout < 1, "in [0, 1)"),
              ("weight_decay", args.weight_decay >= 0, ">= 0"),
              ("max_len", args.max_len >= 8, ">= 8 (room for [CLS], [SEP] and the text)"),
              ("max_train_examples", args.max_train_examples == -1 or args.max_train_examples >= 1,
@@ -758,10 +796,10 @@ def check_args(parser, args):
 
 def make_parser():
     """The command line; the defaults are DEFAULTS' (cramming's GLUE-sane protocol)."""
-    p = argparse.ArgumentParser(prog="evaluate_glue.py",
-                                description="GLUE fine-tuning and scoring (cramming's "
-                                "GLUE-sane protocol).",
-                                usage="%(prog)s --checkpoint DIR [flags]  (--help lists them)")
+    p = argparse.ArgumentParser(
+        prog="evaluate_glue.py",
+        description="GLUE fine-tuning and scoring (cramming's GLUE-sane protocol).",
+        usage="%(prog)s --checkpoint DIR [flags]  (--help lists them)")
     # Inputs
     p.add_argument("--checkpoint",
                    help="pretrained run folder holding config.json, model.pt and tokenizer.json")
@@ -771,7 +809,7 @@ def make_parser():
                    help=f"comma-separated subset of {','.join(TASKS)} (default all nine)")
     p.add_argument("--task-file", default=None,
                    help="your own headed TSV task: sentence or sentence1[,sentence2], "
-                   "label (class name or float)")
+                        "label (class name or float)")
     p.add_argument("--task-dev-file", default=None,
                    help="dev TSV for --task-file (default: hold out 10%% of rows)")
     p.add_argument("--task-type", default="auto", choices=("auto", "classification", "regression"),
@@ -790,33 +828,31 @@ def make_parser():
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--max-len", type=int, default=128,
                    help="max tokens per input including [CLS]/[SEP]")
-    p.add_argument("--lowercase", action="store_true", default=None, help="lowercase GLUE text "
-                                                                          "(default: as the "
-                   "checkpoint's meta.json records, else no); set it if the pretraining corpus was "
-                   "lowercased")
-    p.add_argument("--strip-accents", action="store_true", default=None, help="strip accents "
-                                                                              "(default: as "
-                                                                              "recorded)")
-    p.add_argument("--include-wnli", action="store_true", help="count WNLI accuracy in the GLUE "
-                                                               "score (cramming: no)")
+    p.add_argument("--lowercase", action="store_true", default=None,
+                   help="lowercase GLUE text (default: as the checkpoint's meta.json records, "
+                        "else no); set it if the pretraining corpus was lowercased")
+    p.add_argument("--strip-accents", action="store_true", default=None,
+                   help="strip accents (default: as recorded)")
+    p.add_argument("--include-wnli", action="store_true",
+                   help="count WNLI accuracy in the GLUE score (cramming: no)")
     # Speed
-    p.add_argument("--eval-batch-size", type=int, default=128, help="sequences per evaluation "
-                                                                    "batch")
-    p.add_argument("--max-train-examples", type=int, default=-1, help="train on a fixed random "
-                                                                      "subset (-1 = all)")
+    p.add_argument("--eval-batch-size", type=int, default=128,
+                   help="sequences per evaluation batch")
+    p.add_argument("--max-train-examples", type=int, default=-1,
+                   help="train on a fixed random subset (-1 = all)")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     # Download
-    p.add_argument("--download", action="store_true", help="fetch the missing task folders into "
-                                                           "--glue-dir first")
+    p.add_argument("--download", action="store_true",
+                   help="fetch the missing task folders into --glue-dir first")
     p.add_argument("--download-url", default=download.GLUE_URL,
                    help="base URL of the GLUE zips, AX.tsv and mrpc_dev_ids.tsv")
     p.add_argument("--mrpc-url", default=download.MRPC_URL,
                    help="base URL of SentEval's msr_paraphrase_{train,test}.txt")
     p.add_argument("--retries", type=int, default=3, help="download attempts per file")
     # Output
-    p.add_argument("--out", default="runs/glue", help="folder for results.json, results.md and "
-                                                      "submission/*.tsv")
+    p.add_argument("--out", default="runs/glue",
+                   help="folder for results.json, results.md and submission/*.tsv")
     p.add_argument("--save-model", default=None, metavar="DIR",
                    help="also write each task's seed-0 fine-tuned model to DIR/TASK/ (model.py's "
                         "files, tokenizer.json, labels.json) for export.py")

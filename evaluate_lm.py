@@ -1,18 +1,17 @@
 """Zero-shot evaluation of a checkpoint: multiple choice by log-likelihood and last-word prediction,
-scored the way EleutherAI's evaluation harness scores them (BigScience chose BLOOM's architecture by
-these numbers).
+scored the way EleutherAI's evaluation harness scores them (BigScience chose BLOOM's architecture
+by these numbers).
 
     python evaluate_lm.py --checkpoint runs/clm/final --task-file my_task.jsonl
-    python evaluate_lm.py --checkpoint runs/clm/final --task cloze --task last-word --held-out cache/sample-...
+    python evaluate_lm.py --checkpoint runs/clm/final --held-out cache/sample-... --task cloze
 
 Task files are JSONL, one object per line:
   multiple choice   {"context": "The cat sat on the", "choices": ["mat", "moon"], "label": 0}
   last word         {"text": "a passage whose final word is to be predicted"}
-Built-in tasks (`--task`), made deterministically from the held-out documents of a prepared data
-folder (data.py's validation split: never a training document), so models can be compared without
-downloading anything:
-  cloze       a sentence, then the true next sentence among 3 sentences from other held-out
-              documents
+Built-in tasks (`--task NAME`, repeatable), made deterministically from the held-out documents of
+a prepared data folder (data.py's validation split: never a training document), so models can be
+compared without downloading anything:
+  cloze       a sentence, then its true next sentence among 3 from other held-out documents
   last-word   the final word of a 40-word passage (LAMBADA-style)
 
 Scoring (lm-eval 0.4's definitions). A choice is scored by the summed log-probability of its tokens
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import files
 import model
 import tokenizer
 from loader import load_meta, read_shard
@@ -72,9 +72,8 @@ def read_task_file(path):
         # the keys decide the kind; one file holds one kind, so its metrics mean one thing
         this = "multiple_choice" if "choices" in item else "last_word" if "text" in item else None
         if this is None:
-            raise ValueError(f"{where}: needs \"context\", \"choices\" and \"label\" (multiple "
-                             "choice) or \"text\" "
-                             "(last word)")
+            raise ValueError(f"{where}: needs \"context\", \"choices\" and \"label\" "
+                             "(multiple choice) or \"text\" (last word)")
         if kind and this != kind:
             raise ValueError(f"{where}: a {this.replace('_', ' ')} item in a "
                              f"{kind.replace('_', ' ')} file")
@@ -93,8 +92,8 @@ def check_item(item, kind, where):
     context, choices, label = item.get("context"), item.get("choices"), item.get("label")
     if not isinstance(context, str):
         raise ValueError(f"{where}: \"context\" must be a string")
-    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c.strip()
-                                                                     for c in choices):
+    strings = isinstance(choices, list) and all(isinstance(c, str) and c.strip() for c in choices)
+    if not strings or len(choices) < 2:
         raise ValueError(f"{where}: \"choices\" must be a list of at least two non-empty strings")
     if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(choices):
         raise ValueError(f"{where}: \"label\" must be an index into choices "
@@ -130,8 +129,7 @@ def split_sentences(text, min_words=4):
 
 def build_cloze(docs, n_items=500, n_choices=4, seed=0):
     """Multiple-choice items: a sentence as context; the sentence that follows it in its document,
-    against n_choices - 1 sentences drawn from other held-out documents. Deterministic for a
-    seed."""
+    against n_choices - 1 sentences from other held-out documents. Deterministic for a seed."""
     per_doc = [split_sentences(d) for d in docs]
     pairs = [(i, s[j], s[j + 1]) for i, s in enumerate(per_doc) for j in range(len(s) - 1)]
     if len(per_doc) < 2 or not pairs:
@@ -193,12 +191,11 @@ def score_causal(net, specials, context_ids, cont_ids_list):
     ids = torch.full((len(rows), width), specials["pad"], dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, :len(r)] = torch.tensor(r)
-    # (B, width, V)
-    logp = net(ids.to(net.tok_emb.weight.device))["logits"].float().log_softmax(-1).cpu()
+    logits = net(ids.to(net.tok_emb.weight.device))["logits"]                  # (B, width, V)
+    logp = logits.float().log_softmax(-1).cpu()
     out = []
     for i, (r, c) in enumerate(zip(rows, cont_ids_list)):
-        # positions that predict the continuation
-        pos = torch.arange(len(r) - len(c) - 1, len(r) - 1)
+        pos = torch.arange(len(r) - len(c) - 1, len(r) - 1)  # the positions that predict c
         target = torch.tensor(c)
         # the sum, not the mean: a choice is scored as the probability of the whole string
         greedy = bool((logp[i, pos].argmax(-1) == target).all())
@@ -218,16 +215,14 @@ def score_masked(net, specials, context_ids, cont_ids_list):
         # room for [CLS], [SEP] and the whole continuation; the context is cut from the left
         keep = max(0, T - 2 - len(c))
         row = [specials["cls"]] + context_ids[len(context_ids) - keep:] + c + [specials["sep"]]
-        # where the continuation starts
-        first = len(row) - 1 - len(c)
-        # (len(c), L): one row per masked token
-        ids = torch.tensor(row).repeat(len(c), 1)
+        first = len(row) - 1 - len(c)                       # where the continuation starts
+        ids = torch.tensor(row).repeat(len(c), 1)           # (len(c), L): a row per masked token
         positions = torch.arange(first, first + len(c))
         # masking one token at a time is what makes a masked LM's score a (pseudo) likelihood:
         # each token is predicted from all the others, as in pretraining
         ids[torch.arange(len(c)), positions] = specials["mask"]
         device = net.tok_emb.weight.device
-        # (len(c), 1, V)
+        # One label position per row: logits is (len(c), 1, V).
         logits = net(ids.to(device), label_positions=positions[:, None].to(device))["logits"]
         logp = logits[:, 0].float().log_softmax(-1).cpu()
         target = torch.tensor(c)
@@ -319,8 +314,8 @@ def harness_model_class():
 
         def generate_until(self, requests, disable_tqdm=False):
             if self.net.config["objective"] != "clm":
-                raise ValueError("generate_until needs a causal model; this checkpoint is a masked "
-                                 "LM")
+                raise ValueError("generate_until needs a causal model; "
+                                 "this checkpoint is a masked LM")
             out = []
             for r in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
                 context, kwargs = r.args
@@ -343,22 +338,22 @@ def evaluate_harness(checkpoint, tasks, include_path=None, limit=None, device=No
         import lm_eval
         from lm_eval.tasks import TaskManager
     except ImportError:
-        raise ValueError("--harness needs EleutherAI's evaluation harness: pip install "
-                         "lm-eval") from None
+        raise ValueError("--harness needs EleutherAI's evaluation harness: "
+                         "pip install lm-eval") from None
     lm = harness_model_class()(checkpoint, device=device)
+    task_manager = TaskManager(include_path=include_path) if include_path else None
     out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit,
-                                  task_manager=TaskManager(include_path=include_path) if include_path else None)
-    return {t: {k: v for k, v in m.items() if isinstance(v, (int, float))} for t,
-            m in out["results"].items()}
+                                  task_manager=task_manager)
+    return {t: {k: v for k, v in m.items() if isinstance(v, (int, float))}
+            for t, m in out["results"].items()}
 
 
 # -----------------------------------------------------------------------------
 # The whole evaluation
 
-
 # Settings of evaluate() besides what to score; pass a dict with the keys to change
 DEFAULTS = {
-    "held_out": None,  # prepared data folder whose validation documents the built-in tasks come from
+    "held_out": None,  # prepared data folder: the built-in tasks come from its validation documents
     "out": None,       # folder for results.json and results.md; None: return the results only
     "n_items": 500,    # items per built-in task: ~2 points of standard error on a 50% accuracy
     "seed": 0,         # picks the built-in tasks' documents, so two checkpoints see the same items
@@ -369,9 +364,10 @@ DEFAULTS = {
 
 def evaluate(checkpoint, task_files=(), tasks=(), settings=None):
     """Zero-shot scores of `checkpoint` (a folder with config.json, model.pt, tokenizer.json) on
-    every task file and built-in task. Returns {"checkpoint", "scoring", "tasks": {name: {"kind",
-    "n", "metrics"}}}; with out, also writes out/results.json and out/results.md. settings: the keys
-    of DEFAULTS to change."""
+    every task file and built-in task. Returns
+    {"checkpoint", "scoring", "tasks": {name: {"kind", "n", "metrics"}}};
+    with out, also writes out/results.json and out/results.md. settings: the keys of DEFAULTS to
+    change."""
     settings = {**DEFAULTS, **(settings or {})}
     held_out, out, device = settings["held_out"], settings["out"], settings["device"]
     n_items, seed, progress = settings["n_items"], settings["seed"], settings["progress"]
@@ -413,8 +409,8 @@ def evaluate(checkpoint, task_files=(), tasks=(), settings=None):
     if out:
         os.makedirs(out, exist_ok=True)
         text = json.dumps(results, indent=2)
-        model.atomic_write(os.path.join(out, "results.json"), lambda f: f.write(text.encode()))
-        model.atomic_write(os.path.join(out, "results.md"), lambda f: f.write(table.encode()))
+        files.atomic_write(os.path.join(out, "results.json"), lambda f: f.write(text.encode()))
+        files.atomic_write(os.path.join(out, "results.md"), lambda f: f.write(table.encode()))
         print(f"wrote {out}/results.json and {out}/results.md")
     return results
 
@@ -427,17 +423,16 @@ def markdown_table(results):
         m = r["metrics"]
         cell = lambda k, spec: format(m[k], spec) if k in m else ""  # noqa: E731
         lines.append(f"| {name} | {r['kind'].replace('_', ' ')} | {r['n']} | {cell('acc', '.2f')} "
-                     "| "
-                     f"{cell('acc_norm', '.2f')} | {cell('perplexity', '.2f')} |")
+                     f"| {cell('acc_norm', '.2f')} | {cell('perplexity', '.2f')} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="evaluate_lm.py",
-                                description="Zero-shot evaluation (multiple choice by "
-                                "log-likelihood, last word).",
-                                usage="%(prog)s --checkpoint DIR --task-file FILE | "
-                                "--task NAME [flags]  (--help lists them)")
+    p = argparse.ArgumentParser(
+        prog="evaluate_lm.py",
+        description="Zero-shot evaluation (multiple choice by log-likelihood, last word).",
+        usage="%(prog)s --checkpoint DIR --task-file FILE | --task NAME [flags]  "
+              "(--help lists them)")
     p.add_argument("--checkpoint", required=True,
                    help="folder with config.json, model.pt, tokenizer.json")
     p.add_argument("--task-file", action="append", default=[],
@@ -446,7 +441,7 @@ def main(argv=None):
                    help="a built-in task (repeatable)")
     p.add_argument("--held-out", default=None,
                    help="prepared data folder whose validation documents the built-in "
-                   "tasks are made from (e.g. cache/sample-<hash>)")
+                        "tasks are made from (e.g. cache/sample-<hash>)")
     p.add_argument("--items", type=int, default=500, help="items per built-in task")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in tasks' choices")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
@@ -454,8 +449,8 @@ def main(argv=None):
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--harness", default=None,
                    help="comma-separated tasks of EleutherAI's evaluation harness "
-                   "(pip install lm-eval; they download their data), e.g. "
-                   "hellaswag,piqa,lambada_openai")
+                        "(pip install lm-eval; they download their data), e.g. "
+                        "hellaswag,piqa,lambada_openai")
     p.add_argument("--harness-include", default=None,
                    help="folder of extra harness task YAML files (local tasks)")
     p.add_argument("--limit", type=int, default=None,
@@ -471,8 +466,8 @@ def main(argv=None):
             print(json.dumps(results, indent=2))
             if args.out:
                 os.makedirs(args.out, exist_ok=True)
-                model.atomic_write(os.path.join(args.out, "harness.json"),
-                                  lambda f: f.write(json.dumps(results, indent=2).encode()))
+                files.atomic_write(os.path.join(args.out, "harness.json"),
+                                   lambda f: f.write(json.dumps(results, indent=2).encode()))
             if not (args.task_file or args.task):
                 return results
         return evaluate(args.checkpoint, args.task_file, args.task, {

@@ -68,7 +68,8 @@ def need_hf():
     return transformers
 
 
-# ----------------------------------------------------------------------------- Reading a checkpoint
+# -----------------------------------------------------------------------------
+# Reading a checkpoint
 
 def plain_keys(state):
     """The state dict with the torch.compile and DDP prefixes stripped from every key."""
@@ -137,7 +138,8 @@ def is_gpt2(cfg):
             and cfg["norm_position"] == "pre" and not cfg["embedding_norm"])
 
 
-# ----------------------------------------------------------------------------- The remote code
+# -----------------------------------------------------------------------------
+# The remote code
 
 def network_source():
     """growcram_model.py: model.py's text without main() and its __main__ guard.
@@ -285,7 +287,8 @@ def remote_config(cfg, kind, labels):
     return doc
 
 
-# ----------------------------------------------------------------------------- GPT-2, exactly
+# -----------------------------------------------------------------------------
+# GPT-2, exactly
 
 # Our block's modules -> GPT-2's (transformers' modeling_gpt2.py: GPT2Block, GPT2Attention, GPT2MLP)
 GPT2_NAMES = {"qkv": "attn.c_attn", "out": "attn.c_proj", "up": "mlp.c_fc", "down": "mlp.c_proj",
@@ -348,7 +351,8 @@ def from_gpt2(cfg, weights):
     return state
 
 
-# ----------------------------------------------------------------------------- Writing the folder
+# -----------------------------------------------------------------------------
+# Writing the folder
 
 def export(checkpoint, out, force=False):
     """Write checkpoint (a model.py folder) as a transformers folder OUT. Returns OUT's file names.
@@ -371,7 +375,7 @@ def export(checkpoint, out, force=False):
     state = {k: t.contiguous() for k, t in net.state_dict().items()}
     ids, n_ordinary = tokenizer_ids(checkpoint)
     # Everything is written into a temporary folder beside OUT and renamed into place at the end:
-    # an export that fails halfway leaves no half-written OUT (model.atomic_write's rename).
+    # an export that fails halfway leaves no half-written OUT (files.atomic_write's rename).
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.", suffix=".tmp")
@@ -512,7 +516,8 @@ def read_json(*parts):
         return None
 
 
-# ----------------------------------------------------------------------------- Reading it back
+# -----------------------------------------------------------------------------
+# Reading it back
 
 def load_exported(folder):
     """Our model.Transformer from an exported folder (config.json + model.safetensors), in eval

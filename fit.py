@@ -3,9 +3,9 @@
 What it is. A sum of Huber losses on log-residuals, minimized by a batched Levenberg-Marquardt
 that runs many starting points at once. This is how Hoffmann et al. 2022 ("Training
 Compute-Optimal Language Models", Approach 3) fit L(N, D) = E + A / N^alpha + B / D^beta: the
-model's log-loss LSE(a - alpha ln N, b - beta ln D, e) against the observed log-loss, Huber delta =
-1e-3, best of many starts. They used L-BFGS from a grid of 4500 starts; Besiroglu et al. 2024
-(Epoch AI, arXiv 2404.10102) found that it stopped early on a mean-reduced objective, so here the
+model's log-loss LSE(a - alpha ln N, b - beta ln D, e) against the observed log-loss, Huber
+delta = 1e-3, best of many starts. They used L-BFGS from a grid of 4500 starts; it stopped early on
+a mean-reduced objective, as Besiroglu et al. 2024 (Epoch AI, arXiv 2404.10102) found, so here the
 loss is summed and the optimizer stops only on step size.
 
 How to use it (scaling.fit_chinchilla does exactly this):
@@ -28,8 +28,8 @@ import numpy as np
 
 
 def _huber(r, delta, w):
-    """Sum over points of w * Huber_delta(r): quadratic inside |r| <= delta, linear outside.
-    (S, n) -> (S,)."""
+    """Sum over points of w * Huber_delta(r), (S, n) -> (S,): quadratic inside |r| <= delta,
+    linear outside."""
     absr = np.abs(r)
     # 0.5 delta^2 at |r| = delta from both sides, so the loss and its slope are continuous there
     return np.sum(w * np.where(absr <= delta, 0.5 * r * r, delta * (absr - 0.5 * delta)), axis=-1)
@@ -82,8 +82,7 @@ def levenberg_marquardt(model, theta, w, delta, max_iter=1000, xtol=1e-10):
         small = np.max(np.abs(step), axis=1) <= xtol * (1.0 + np.max(np.abs(trial), axis=1))
         # stop on a small accepted step, or when no damping finds a decrease (lam past 1e16)
         done[act[(ok & small) | (lam[act] > 1e16)]] = True
-    # r, J are kept at theta
-    grad = np.einsum("snp,sn->sp", J, w * np.clip(r, -delta, delta))
+    grad = np.einsum("snp,sn->sp", J, w * np.clip(r, -delta, delta))  # r, J are kept at theta
     return {"theta": theta, "objective": f, "converged": done, "iterations": iters,
             "grad_norm": np.max(np.abs(grad), axis=1), "residuals": r}
 
@@ -125,11 +124,11 @@ def _thin(order, coords, k, min_dist):
 def projection_starts(X, y, grid, k=8):
     """Starting points by variable projection: for fixed exponents the law is linear in its
     coefficients (E, A, B), so solve the least-squares problem for every exponent combination on
-    `grid` (residuals divided by y, close to log residuals), keep solutions with all coefficients >
-    0, and start from the k best that are at least two grid steps apart. 47 x 47 exponent pairs cost
-    a few milliseconds and land in the basin of the full paper grid."""
+    `grid` (residuals divided by y, close to log residuals), keep solutions with all coefficients
+    > 0, and start from the k best that are at least two grid steps apart. 47 x 47 exponent pairs
+    cost a few milliseconds and land in the basin of the full paper grid."""
     m = X.shape[0]
-    # (P, m) exponents
+    # Every combination of exponents on the grid: S is (P, m).
     S = np.stack(np.meshgrid(*[grid] * m, indexing="ij"), axis=-1).reshape(-1, m)
     # (P, m+1, n): the columns exp(-s_j X_j) and a column of ones for E
     Z = np.concatenate([np.exp(-S[:, :, None] * X), np.ones((len(S), 1, X.shape[1]))], axis=1)
@@ -141,13 +140,12 @@ def projection_starts(X, y, grid, k=8):
         # normal equations, with a tiny ridge for exponent pairs whose columns coincide
         gram = Zw @ Z.transpose(0, 2, 1) + 1e-12 * np.eye(m + 1)
         coef = np.linalg.solve(gram, rhs[..., None])[..., 0]
-        # sum (1 - fit/y)^2
-        sse = np.sum(np.ones_like(y)) - np.sum(coef * rhs, axis=-1)
+        sse = np.sum(np.ones_like(y)) - np.sum(coef * rhs, axis=-1)  # sum (1 - fit/y)^2
     ok = np.flatnonzero(np.all(coef > 0, axis=1) & np.isfinite(sse))
     # no positive solution: a guess
     if ok.size == 0:
         return np.concatenate([np.zeros(m), [np.log(y.min()) - 0.1], np.full(m, 0.3)])[None]
-    # grid indices
+    # The k best solutions, as indices into the grid, at least two grid steps apart.
     picked = _thin(ok[np.argsort(sse[ok], kind="stable")], S, k, 2 * (grid[1] - grid[0]) - 1e-12)
     return np.concatenate([np.log(coef[picked]), S[picked]], axis=1)
 

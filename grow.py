@@ -18,8 +18,9 @@ How train.py uses it (`--grow SCHEDULE`):
     net, optimizer, event = grow.apply_stage(net, optimizer, stages[i], make_optimizer,
                                              {"noise": 0.0, "policy": "carry"})  # GROW_OPTIONS
     # then rebuild torch.compile / DDP wrappers, set the loader's sequence length to
-    # net.config["max_seq_len"], log `event` (plus the loss just before and after), and optionally scale the learning rate by
-    # grow.rewarm_factor(progress, stages[i]["at"], rewarm) for a short re-warmup.
+    # net.config["max_seq_len"], log `event` (plus the loss just before and after), and, for a
+    # short re-warmup, optionally scale the learning rate by
+    # grow.rewarm_factor(progress, stages[i]["at"], rewarm).
 
 apply_stage = grow_model (weights) + grow_optimizer (AdamW state); both are public:
     grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100) -> (new_model, mapping)
@@ -32,20 +33,19 @@ Operators, and when each preserves the function (max |delta logits| <= 1e-5 in f
 tests/test_grow.py):
   depth  method="stack"      new layer i copies old layer i mod L (StackBERT, CompoundGrow,
                              G_stack). Not preserving.
-         method="interleave" new layer i copies old layer floor(i L / L') (StackBERT/staged
-                             training "alternate").
-                             Not preserving.
+         method="interleave" new layer i copies old layer floor(i L / L')
+                             (StackBERT/staged training "alternate"). Not preserving.
          method="zero"       interleave, and each inserted copy gets zero output projections (out,
                              down): a pre-LN block x + F(LN(x)) with F's last matmul zero is the
                              identity. Preserving; pre-LN only.
-         method="msg"        copies appended on top behind a gate x <- c Block(x) + (1 - c) x, c
-                             ramping 0 -> 1 over `ramp` training forward passes (MSG). Preserving at
-                             c = 0; pre- and post-LN.
+         method="msg"        copies appended on top behind a gate x <- c Block(x) + (1 - c) x,
+                             c ramping 0 -> 1 over `ramp` training forward passes (MSG). Preserving
+                             at c = 0; pre- and post-LN.
   ffn    f -> f' (any f' >= f): unit j copies unit j mod f, the down-projection columns of the
          copies divided by the copy count (Net2Net, CompoundGrow's FFN sharing). Preserving for
          every model option.
-  hidden d -> d' with the head size fixed, so heads H -> H' = d'/hd: residual coordinate i copies i
-         mod d, head j copies head j mod H, the matmuls reading copies divided by the copy count
+  hidden d -> d' with the head size fixed, so heads H -> H' = d'/hd: residual coordinate i copies
+         i mod d, head j copies head j mod H, the matmuls reading copies divided by the copy count
          (Net2Net / bert2BERT FPI), and the final norm divided too so the tied decoder sums the
          copies back (staged training). LayerNorm and RMSNorm statistics are unchanged only if every
          coordinate has the same number of copies, so it preserves the function when d'/d is an
@@ -70,8 +70,8 @@ copies inherit their source's moments scaled the way their gradients scale (dupl
 the gradient: m / c, v / c^2; units whose weights were divided keep it; staged training). Rebuilding
 parameters invalidates the old optimizer's references, which is why a new optimizer is always built.
 
-Shapes: L layers, d hidden, H heads, hd = d / H head size, f FFN width, T max sequence length, V
-padded vocab. Primes mark the grown sizes.
+Shapes: L layers, d hidden, H heads, hd = d / H head size, f FFN width, T max sequence length,
+V padded vocab. Primes mark the grown sizes.
 """
 import time
 
@@ -82,21 +82,22 @@ import model as M
 # -----------------------------------------------------------------------------
 # Schedules: stages at fractions of the time budget
 
-# the config keys a schedule may grow
-GROWN_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len")
+GROWN_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len")  # what a schedule grows
 KEY_ALIASES = {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "ffn": "ffn_dim",
                "seq": "max_seq_len"}
 METHODS = ("stack", "interleave", "zero", "msg")
 
 SCHEDULE_HELP = """\
-growth schedule: 'AT:KEY=VALUE,...; AT:KEY=VALUE,...' with AT the fraction of the time budget at which the stage
-starts (the first stage is at 0 and gives the starting model), KEY one of the config keys n_layers, d_model,
-n_heads, ffn_dim, max_seq_len (integers; the older short names layers, hidden, heads, ffn, seq still work) or method
-(stack|interleave|zero|msg, how depth grows; default stack). Keys left out keep the previous stage's value; in the
-first stage, the target model's. n_heads follows d_model at a fixed head size unless given.
-Example: '0:n_layers=4,d_model=384,max_seq_len=64; 0.25:n_layers=8,max_seq_len=128; 0.5:n_layers=16,d_model=768'.
-Presets: 'compound' (CompoundGrow-style: depth, FFN width and length at 1/4 then 1/2 of the target, full size at 0.4)
-and 'gstack' (G_stack-style: a quarter of the layers, stacked 4x at 0.25)."""
+growth schedule: 'AT:KEY=VALUE,...; AT:KEY=VALUE,...' with AT the fraction of the time budget at
+which the stage starts (the first stage is at 0 and gives the starting model), KEY one of the config
+keys n_layers, d_model, n_heads, ffn_dim, max_seq_len (integers; the older short names layers,
+hidden, heads, ffn, seq still work) or method (stack|interleave|zero|msg, how depth grows; default
+stack). Keys left out keep the previous stage's value; in the first stage, the target model's.
+n_heads follows d_model at a fixed head size unless given.
+Example: '0:n_layers=4,d_model=384,max_seq_len=64; 0.25:n_layers=8,max_seq_len=128;
+0.5:n_layers=16,d_model=768'.
+Presets: 'compound' (CompoundGrow-style: depth, FFN width and length at 1/4 then 1/2 of the target,
+full size at 0.4) and 'gstack' (G_stack-style: a quarter of the layers, stacked 4x at 0.25)."""
 
 
 def preset_schedule(name, cfg):
@@ -121,8 +122,8 @@ def preset_schedule(name, cfg):
 
 
 def parse_schedule(text, base_cfg):
-    """'0:n_layers=4,max_seq_len=64; 0.5:n_layers=8' (or a preset name) -> [{"at", "config",
-    "method"}, ...].
+    """'0:n_layers=4,max_seq_len=64; 0.5:n_layers=8' (or a preset name) ->
+    [{"at", "config", "method"}, ...].
 
     Every config is a full validated model config; base_cfg (the target, e.g. make_config("base"))
     fills in what the schedule leaves out. Raises ValueError naming the stage and what is wrong."""
@@ -155,11 +156,10 @@ def parse_schedule(text, base_cfg):
                 values[key] = int(value)
             else:
                 raise ValueError(f"{where}: bad item {item!r}; keys: {', '.join(GROWN_KEYS)} "
-                                 "(positive integers)"
-                                 f" or method ({'|'.join(METHODS)})")
+                                 f"(positive integers) or method ({'|'.join(METHODS)})")
         cfg = dict(prev, **values)
+        # Heads follow the width at a fixed head size.
         if "d_model" in values and "n_heads" not in values:
-            # heads follow the width at a fixed head size
             head = prev["d_model"] // prev["n_heads"]
             if values["d_model"] % head:
                 raise ValueError(f"{where}: d_model={values['d_model']} is not a multiple of the "
@@ -180,8 +180,8 @@ def parse_schedule(text, base_cfg):
 
 
 def check_growth(old, new, where="grow.py"):
-    """Raise ValueError unless new is old with some of layers/width/heads/ffn/seq grown and the head
-    size kept."""
+    """Raise ValueError unless new is old with some of layers/width/heads/ffn/seq grown and the
+    head size kept."""
     for key in old:
         if key not in GROWN_KEYS and old[key] != new[key]:
             raise ValueError(f"{where}: growth cannot change {key!r} ({old[key]!r} -> "
@@ -191,44 +191,43 @@ def check_growth(old, new, where="grow.py"):
                              "shrinks")
     if old["d_model"] // old["n_heads"] != new["d_model"] // new["n_heads"]:
         raise ValueError(f"{where}: the head size d_model/n_heads must stay "
-                         f"{old['d_model'] // old['n_heads']} (got "
-                         f"{new['d_model'] // new['n_heads']}); "
+                         f"{old['d_model'] // old['n_heads']} "
+                         f"(got {new['d_model'] // new['n_heads']}); "
                          "widening heads changes the 1/sqrt(hd) attention scale")
     if old["num_labels"]:
         raise ValueError(f"{where}: grow the pretrained model before adding a classifier "
                          "(num_labels must be 0)")
     if new["d_model"] > old["d_model"] and old["norm_position"] != "pre":
         raise ValueError(f"{where}: hidden-size growth needs norm_position 'pre' (the final norm "
-                         "carries the 1/copies"
-                         " scale for the tied decoder)")
+                         "carries the 1/copies scale for the tied decoder)")
 
 
 def rewarm_factor(progress, at, rewarm):
     """Learning-rate multiplier for a short linear re-warmup after the growth at fraction `at` of
-    the budget:
-    0 at the growth, 1 after `rewarm` more of the budget (staged training re-warms 150-200 steps;
-    growth.md suggests 1-2% of the remaining steps). rewarm <= 0 disables it."""
+    the budget: 0 at the growth, 1 after `rewarm` more of the budget (staged training re-warms
+    150-200 steps; growth.md suggests 1-2% of the remaining steps). rewarm <= 0 disables it."""
     if rewarm <= 0:
         return 1.0
     return min(1.0, max(0.0, (progress - at) / rewarm))
 
 
-# ----------------------------------------------------------------------------- When to grow,
-# decided from the run (--grow-when auto)  Staged training (Shen et al. 2022, sec. 4) grows when the
-# small model's training efficiency drops: it tracks the slope s = d log L / d log C of the held-out
-# loss against training compute and grows once s rises above a threshold (-0.0575 for depth, -0.0475
-# for width there, found on GPT-2 scaling curves). Under L ~ C^s a model whose slope has flattened
-# to s buys less loss per FLOP than a larger one would at the same loss, which still descends on the
-# steeper part of its own curve. No paper ships a rule for a wall-clock budget, so the stages'
-# fractions become deadlines instead: stage k starts at the latest at AUTO_LATEST * k / (stages - 1)
-# of the budget.
+# -----------------------------------------------------------------------------
+# When to grow, decided from the run (--grow-when auto)
+#
+# Staged training (Shen et al. 2022, sec. 4) grows when the small model's training efficiency
+# drops: it tracks the slope s = d log L / d log C of the held-out loss against training compute
+# and grows once s rises above a threshold (-0.0575 for depth, -0.0475 for width there, found on
+# GPT-2 scaling curves). Under L ~ C^s a model whose slope has flattened to s buys less loss per
+# FLOP than a larger one would at the same loss, which still descends on the steeper part of its
+# own curve. No paper ships a rule for a wall-clock budget, so the stages' fractions become
+# deadlines instead: stage k starts at the latest at AUTO_LATEST * k / (stages - 1) of the budget.
 
 AUTO_THRESHOLD = -0.05   # between staged training's depth and width thresholds
 AUTO_WINDOW = 3          # evaluations of the current stage the slope is fitted over
 AUTO_LATEST = 0.6        # the full model gets at least 40% of the budget
 
-# How apply_stage grows (train.py fills these from --grow-noise, --seed, --grow-optimizer,
-# --grow-moments); grow_model and grow_optimizer document each choice
+# How apply_stage grows (train.py fills these from --grow-noise, --seed, --grow-optimizer and
+# --grow-moments); grow_model and grow_optimizer document each choice.
 GROW_OPTIONS = {
     "method": None,          # depth operator; None: the stage's own, else "stack" (StackBERT)
     "noise": 0.0,            # std of noise on copied input weights: breaks the symmetry of copies
@@ -254,10 +253,9 @@ def auto_deadline(next_stage, n_stages, latest=AUTO_LATEST):
 
 def auto_should_grow(points, progress, next_stage, n_stages, threshold=AUTO_THRESHOLD):
     """(grow now?, why) for the current stage, given its held-out evaluations [(flops, loss), ...]
-    in order:
-    "deadline" once progress reaches the stage's deadline, "slope" once the slope of the last
-    AUTO_WINDOW evaluations is above `threshold`, else (False, None). Never past the last stage:
-    next_stage must exist."""
+    in order: "deadline" once progress reaches the stage's deadline, "slope" once the slope of the
+    last AUTO_WINDOW evaluations is above `threshold`, else (False, None). Never past the last
+    stage: next_stage must exist."""
     if next_stage >= n_stages:
         return False, None
     # the deadline first: a stage whose loss never flattens must still hand over in time
@@ -278,8 +276,8 @@ def preserves_function(old, new, method="stack", noise=0.0):
     if new["n_layers"] > old["n_layers"] and method in ("stack", "interleave"):
         return False
     if new["d_model"] > old["d_model"]:
-        return new["d_model"] % old["d_model"] == 0 and old["positions"] in ("learned", "rotary",
-                                                                             "none")
+        integer_factor = new["d_model"] % old["d_model"] == 0
+        return integer_factor and old["positions"] in ("learned", "rotary", "none")
     return True
 
 
@@ -287,9 +285,9 @@ def preserves_function(old, new, method="stack", noise=0.0):
 # Index maps: which old unit each new unit copies, and how values and moments scale
 
 def unit_map(n_old, n_new):
-    """(n_new,) index: the first n_old units are the originals, unit j >= n_old copies unit j mod
-    n_old (round-robin, like CompoundGrow's tiling and staged training's [W, W]; Net2Net samples it
-    at random)."""
+    """(n_new,) index: the first n_old units are the originals, unit j >= n_old copies unit
+    j mod n_old (round-robin, like CompoundGrow's tiling and staged training's [W, W]; Net2Net
+    samples it at random)."""
     return torch.arange(n_new) % n_old
 
 
@@ -312,8 +310,7 @@ def spec(index, n_old, kind):
                 gradient equals the original.
       "extend": new rows that are not symmetric copies (position rows >= T). Values copied,
                 moments unscaled."""
-    # (n_new,) copies of each entry's source
-    counts = torch.bincount(index, minlength=n_old)[index].float()
+    counts = torch.bincount(index, minlength=n_old)[index].float()  # (n_new,) copies of the source
     return {"index": index, "new": replicas(index),
             "value_scale": 1.0 / counts if kind == "split" else None,
             "moment_scale": 1.0 / counts if kind == "dup" else None}
@@ -328,8 +325,8 @@ def concat_specs(s, n_old, times):
 
 
 def expand(t, dims, scale_key="value_scale", power=1):
-    """Apply one spec (or None = unchanged) per dimension of t: gather old entries, then scale along
-    that dim."""
+    """Apply one spec (or None = unchanged) per dimension of t: gather old entries, then scale
+    along that dimension."""
     for d, s in enumerate(dims):
         if s is None:
             continue
@@ -355,9 +352,9 @@ def new_entries(t, dims):
 # Which spec each dimension of each parameter follows. "res": the residual stream d (outputs
 # duplicated), "res_in": matmul inputs read from the residual stream (split), "res_out": the final
 # norm before the decoder (split: the decoder sums the copies), "qkv": packed [q; k; v] rows (heads
-# duplicated), "heads_in": the attention output read by `out` (split), "up": FFN units (both halves
-# when gated), "ffn_in": read by `down`, "pos": position rows. PyTorch stores Linear weights as
-# (out, in).
+# duplicated), "heads_in": the attention output read by `out` (split), "up": FFN units (both
+# halves when gated), "ffn_in": read by `down`, "pos": position rows.
+# PyTorch stores Linear weights as (out, in).
 ROLES = {
     "tok_emb.weight": (None, "res"),                  # (V, d)
     "pos_emb.weight": ("pos", "res"),                 # (T, d)
@@ -370,37 +367,33 @@ ROLES = {
     "up.weight": ("up", "res_in"), "up.bias": ("up",),              # (f or 2f, d)
     "down.weight": ("res", "ffn_in"), "down.bias": ("res",),        # (d, f)
     "final_norm.weight": ("res_out",), "final_norm.bias": ("res_out",),
-    # (V, d); the final norm already divides by the copies
-    "lm_head.weight": (None, "res"),
+    "lm_head.weight": (None, "res"),                  # (V, d); the final norm divides by the copies
 }
 
 
 def dimension_specs(old, new):
-    """The spec of every role for growing config old -> new (None where that size does not
-    change)."""
+    """The spec of every role for growing config old -> new (None where that size stays)."""
     d, d2, f, f2 = old["d_model"], new["d_model"], old["ffn_dim"], new["ffn_dim"]
     hd = d // old["n_heads"]
     res, ffn = unit_map(d, d2), unit_map(f, f2)
     heads = unit_map(old["n_heads"], new["n_heads"])                    # (H',) new head -> old head
-    # (d',) attention coordinates, hd kept
-    inner = (heads[:, None] * hd + torch.arange(hd)).flatten()
+    inner = (heads[:, None] * hd + torch.arange(hd)).flatten()   # (d',) attention coords, hd kept
     gated = M.up_width(old) // f                                       # 2 halves (gate, value) or 1
-    specs = {"res": spec(res, d, "dup"), "res_in": spec(res, d, "split"), "res_out": spec(res, d,
-                                                                                          "split"),
+    T, T2 = old["max_seq_len"], new["max_seq_len"]
+    specs = {"res": spec(res, d, "dup"), "res_in": spec(res, d, "split"),
+             "res_out": spec(res, d, "split"),
              "qkv": concat_specs(spec(inner, d, "dup"), d, 3), "heads_in": spec(inner, d, "split"),
              "up": concat_specs(spec(ffn, f, "dup"), f, gated), "ffn_in": spec(ffn, f, "split"),
-             "pos": spec(unit_map(old["max_seq_len"], new["max_seq_len"]), old["max_seq_len"],
-                         "extend")}
+             "pos": spec(unit_map(T, T2), T, "extend")}
     unchanged = {"res": d == d2, "res_in": d == d2, "res_out": d == d2, "qkv": d == d2,
-                 "heads_in": d == d2,
-                 "up": f == f2, "ffn_in": f == f2, "pos": old["max_seq_len"] == new["max_seq_len"]}
+                 "heads_in": d == d2, "up": f == f2, "ffn_in": f == f2, "pos": T == T2}
     return {k: None if unchanged[k] else s for k, s in specs.items()}
 
 
 def layer_map(L, L2, method):
     """(L',) old layer of every new layer. stack/msg append copies on top (i mod L: StackBERT,
-    G_stack, MSG's default); interleave/zero put each copy right after its original (floor(i L /
-    L'))."""
+    G_stack, MSG's default); interleave/zero put each copy right after its original
+    (floor(i L / L'))."""
     if method in ("stack", "msg"):
         return unit_map(L, L2)
     return torch.arange(L2) * L // L2
@@ -429,8 +422,7 @@ def grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100):
     deeper = new_cfg["n_layers"] > old["n_layers"]
     if deeper and method == "zero" and old["norm_position"] != "pre":
         raise ValueError("grow.py: method 'zero' is the identity only for pre-LN blocks (post-LN "
-                         "renormalizes "
-                         "x + 0); use method 'msg' for post-LN")
+                         "renormalizes x + 0); use method 'msg' for post-LN")
     specs = dimension_specs(old, new_cfg)
     layers = layer_map(old["n_layers"], new_cfg["n_layers"], method)
     new_layer = replicas(layers)
@@ -441,8 +433,7 @@ def grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100):
     gen = torch.Generator().manual_seed(seed)
     for name in grown.state_dict():
         parts = name.split(".")
-        # blocks.{i}.{suffix}: from old layer layers[i]
-        if parts[0] == "blocks":
+        if parts[0] == "blocks":  # blocks.{i}.{suffix}: from old layer layers[i]
             i, role = int(parts[1]), ".".join(parts[2:])
             source, copy = f"blocks.{int(layers[i])}.{role}", bool(new_layer[i])
         else:
@@ -452,19 +443,18 @@ def grow_model(model, new_cfg, method="stack", noise=0.0, seed=0, ramp=100):
         dims = [None if r is None else specs[r] for r in ROLES[role]]
         t = expand(old_state[source], dims)
         if noise > 0 and role in ("tok_emb.weight", "pos_emb.weight", "qkv.weight", "up.weight"):
-            # The input weights of copied units: embedding columns (dim 1), q/k/v and up rows (dim
-            # 0).
+            # Input weights of copied units: embedding columns (dim 1), q/k/v and up rows (dim 0).
             d = 1 if "emb" in role else 0
             if dims[d] is not None:
                 shape = [1] * t.dim()
                 shape[d] = -1
                 mask = dims[d]["new"].view(shape).to(t.device)
                 t = t + noise * torch.randn(t.shape, generator=gen).to(t.device, t.dtype) * mask
-        if copy and method == "zero" and role in ("out.weight", "out.bias", "down.weight",
-                                                  "down.bias"):
+        zeroed = ("out.weight", "out.bias", "down.weight", "down.bias")
+        if copy and method == "zero" and role in zeroed:
             # A pre-LN block x + F(LN(x)) whose last matmuls are zero is the identity
-            # (Net2DeeperNet's analogue); only the outputs are zeroed so their gradients are not: d
-            # out = dy * attention output != 0.
+            # (Net2DeeperNet's analogue); only the outputs are zeroed, so their gradients are not:
+            # d out = dy * attention output != 0.
             t = torch.zeros_like(t)
             source = None
         state[name] = t
@@ -522,14 +512,13 @@ def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer,
     for name, p in M.unwrap(new_model).named_parameters():
         entry = mapping.get(name)
         if entry is None or entry["source"] is None or (entry["copy"] and new_moments == "zero"):
-            # no state: AdamW starts it fresh on the first step
-            continue
+            continue  # no state: AdamW starts it fresh on the first step
         old_p = old_params[entry["source"]]
         old_state = old_optimizer.state.get(old_p, {})
         state = {}
         for key, value in old_state.items():
             if torch.is_tensor(value) and key != "step" and value.shape == old_p.shape:
-                # exp_avg ~ gradient, exp_avg_sq (max_exp_avg_sq) ~ gradient^2
+                # exp_avg scales like the gradient, exp_avg_sq (and max_exp_avg_sq) like its square
                 power = 2 if "sq" in key else 1
                 value = expand(value, entry["dims"],
                                "moment_scale" if new_moments == "scaled" else None, power)
@@ -542,8 +531,7 @@ def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer,
             optimizer.state[p] = state
     if len(optimizer.param_groups) == len(old_optimizer.param_groups):
         for group, old_group in zip(optimizer.param_groups, old_optimizer.param_groups):
-            # the schedule's current value, until train.py sets it
-            group["lr"] = old_group["lr"]
+            group["lr"] = old_group["lr"]  # the schedule's current value, until train.py sets it
     return optimizer
 
 
@@ -581,6 +569,8 @@ def apply_stage(model, optimizer, stage, make_optimizer, options=None):
         "grow_seconds": round(time.perf_counter() - start, 4)}
 
 
+# -----------------------------------------------------------------------------
+# Command line: python grow.py SCHEDULE [preset]
 
 def main(argv=None):
     """`python grow.py "SCHEDULE" [preset]` prints the stages of a schedule grown toward a model
@@ -588,9 +578,8 @@ def main(argv=None):
     import sys
     argv = sys.argv[1:] if argv is None else argv
     if not argv or len(argv) > 2:
-        raise SystemExit("usage: python grow.py 'SCHEDULE|compound|gstack' [model preset, default "
-                         "base]\n\n"
-                         + SCHEDULE_HELP)
+        raise SystemExit("usage: python grow.py 'SCHEDULE|compound|gstack' "
+                         "[model preset, default base]\n\n" + SCHEDULE_HELP)
     try:
         target = M.make_config(argv[1] if len(argv) > 1 else "base")
         plan = parse_schedule(argv[0], target)

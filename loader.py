@@ -29,22 +29,22 @@ import numpy as np
 import torch
 
 SHARD_MAGIC, SHARD_VERSION = b"GCTOKENS", 1
-# magic, version, bytes per token (2 or 4), token count, pad: 32 B
-SHARD_HEADER = struct.Struct("<8sIIQ8x")
-BLOCK_TOKENS = 8192      # shuffle granularity of the training stream
+SHARD_HEADER = struct.Struct("<8sIIQ8x")  # magic, version, bytes per token (2, 4), count, pad: 32 B
+BLOCK_TOKENS = 8192  # shuffle granularity of the training stream
 MIX_PERIOD = 10_000  # a mixture's block pattern repeats every this many blocks: weights to 1/10,000
 
-# A loader's settings: make_loader and Loader take a dict of some of these keys; the rest keep these
-# values.
+# A loader's settings: make_loader and Loader take a dict of some of these keys, the rest as here.
 DEFAULTS = {
-    "objective": "mlm",          # "mlm": masked LM (BERT), "clm": causal LM (next token)
-    "seed": 0,                   # every shuffle and mask is a hash of (seed, stream position)
-    "rank": 0,  # this process's share of each global batch; make_loader: None = torch's
-    "world_size": 1,  # processes sharing the stream; make_loader: None = torch.distributed's
-    "mask_rate": 0.25,           # MLM: share of each sequence's positions masked (cramming's 25%)
-    "shuffle": True,  # shuffle the blocks per epoch; make_loader: None = for the train split only
+    "objective": "mlm",            # "mlm": masked LM (BERT), "clm": causal LM (next token)
+    "seed": 0,                     # every shuffle and mask is a hash of (seed, stream position)
+    "rank": 0,                     # this process's share of each global batch (make_loader: None)
+    "world_size": 1,               # processes sharing the stream (make_loader: None)
+    "mask_rate": 0.25,             # MLM: share of each sequence's positions masked (cramming's 25%)
+    "shuffle": True,               # shuffle the blocks per epoch (make_loader: None)
     "block_tokens": BLOCK_TOKENS,  # the blocks that are shuffled, in tokens
 }
+# make_loader's None for rank and world_size reads torch.distributed's (0 and 1 when it is not
+# initialized); its None for shuffle shuffles the train split only.
 
 
 # -------------------------------------------------------------------------------------------------
@@ -52,11 +52,12 @@ DEFAULTS = {
 
 def make_loader(meta, split="train", settings=None, device="cpu", prefetch=None, source=None):
     """Loader over prepare_data's output (the dict, its folder or meta.json).
+
     settings: a dict of DEFAULTS' keys; rank/world_size None (the default here) are
-    torch.distributed's when it is initialized, else 0/1; shuffle None (the default
-    here) is True for train only; prefetch (a background thread building the next
-    batch) defaults to True on CUDA only. A mixture gives a MixtureLoader over its
-    sources' splits, or with source=NAME a Loader over that source's split alone."""
+    torch.distributed's when it is initialized, else 0/1; shuffle None (the default here) is True
+    for train only; prefetch (a background thread building the next batch) defaults to True on CUDA
+    only. A mixture gives a MixtureLoader over its sources' splits, or with source=NAME a Loader
+    over that source's split alone."""
     settings = {"rank": None, "world_size": None, "shuffle": None, **(settings or {})}
     meta = load_meta(meta) if isinstance(meta, str) else meta
     if split not in ("train", "val"):
@@ -75,8 +76,7 @@ def make_loader(meta, split="train", settings=None, device="cpu", prefetch=None,
         settings["rank"] = torch.distributed.get_rank() if dist else 0
     if settings["world_size"] is None:
         settings["world_size"] = torch.distributed.get_world_size() if dist else 1
-    # the val split is read in order: the same held-out text every time
-    if settings["shuffle"] is None:
+    if settings["shuffle"] is None:  # the val split is read in order: the same held-out text always
         settings["shuffle"] = split == "train"
     tokenizer = (meta["n_ordinary"], meta["special_ids"])
     if sources:
@@ -86,8 +86,7 @@ def make_loader(meta, split="train", settings=None, device="cpu", prefetch=None,
 
 
 def load_meta(path):
-    """A prepared folder (or its meta.json) -> the dict prepare_data
-    returns, with absolute paths."""
+    """A prepared folder (or its meta.json) -> prepare_data's dict, with absolute paths."""
     folder = os.path.dirname(path) if path.endswith(".json") else path
     try:
         with open(os.path.join(folder, "meta.json")) as f:
@@ -95,11 +94,9 @@ def load_meta(path):
     except (OSError, ValueError) as e:
         where = os.path.join(folder, "meta.json")
         raise ValueError(f"{where}: cannot read prepared data ({e})") from None
-    # meta.json holds paths relative to its folder, so a prepared folder can be moved or copied
-    # whole
+    # meta.json holds paths relative to its folder: a prepared folder can be moved or copied whole
     join = lambda p: os.path.join(os.path.abspath(folder), p)  # noqa: E731
-    # noqa: E731
-    splits = lambda d: {"train": [join(p) for p in d["train"]], "val": [join(p) for p in d["val"]]}
+    splits = lambda d: {split: [join(p) for p in d[split]] for split in ("train", "val")}  # noqa: E731
     if "sources" in meta:  # a mixture: every source's shards too
         meta["sources"] = [{**s, **splits(s)} for s in meta["sources"]]
     return {**meta, "dir": os.path.abspath(folder), "tokenizer": join(meta["tokenizer"]),
@@ -132,10 +129,9 @@ def mask_mlm(window, positions, mask_rate, seed, special, n_ordinary):
         raise ValueError(f"mask_rate {mask_rate} at seq_len {T} gives {k} masked positions (need "
                          f"1..{T - 2})")
     # The k lowest hash scores of a row are its masked positions: a uniform choice without
-    # replacement
+    # replacement. pick holds them as (B, k) columns of the window.
     score = hash64(seed, 1, positions)
     score[window >= n_ordinary] = np.iinfo(np.uint64).max  # specials are picked last, never masked
-    # (B, k) columns of the window
     pick = np.sort(np.argpartition(score, k - 1, axis=1)[:, :k], axis=1)
     orig, ppos = np.take_along_axis(window, pick, 1), np.take_along_axis(positions, pick, 1)
     maskable = orig < n_ordinary
@@ -164,9 +160,9 @@ def _mix_int(x):  # splitmix64 finalizer on a Python int (Steele et al. 2014)
 
 
 def hash64(seed, salt, positions):
-    """uint64 pseudo-random numbers, one per int64 position: splitmix64
-    of (key(seed, salt) + position * gamma). No generator state, so any
-    batch can be recomputed from its stream position alone."""
+    """uint64 pseudo-random numbers, one per int64 position: splitmix64 of (key(seed, salt) +
+    position * gamma). No generator state, so any batch can be recomputed from its stream position
+    alone."""
     key = np.uint64(_mix_int(_mix_int(seed) ^ salt))  # salt: one independent stream per purpose
     x = positions.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + key
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -207,10 +203,8 @@ class Loader:
         if not 0 < s["mask_rate"] < 1 or not 0 <= s["rank"] < s["world_size"]:
             raise ValueError(f"need 0 < mask_rate < 1 and 0 <= rank < world_size "
                              f"(got {s['mask_rate']}, {s['rank']}, {s['world_size']})")
-        # plain views: memmap indexing costs more
-        self.shards = [np.asarray(read_shard(p)) for p in shards]
-        # shard i holds stream ids starts[i]..
-        self.starts = np.cumsum([0] + [len(x) for x in self.shards])
+        self.shards = [np.asarray(read_shard(p)) for p in shards]  # plain views: memmaps cost more
+        self.starts = np.cumsum([0] + [len(x) for x in self.shards])  # shard i from starts[i] on
         self.n_tokens = int(self.starts[-1])
         if self.n_tokens == 0:
             raise ValueError(f"no tokens in shards {shards}")
@@ -219,15 +213,14 @@ class Loader:
         self.rank, self.world_size, self.mask_rate = s["rank"], s["world_size"], s["mask_rate"]
         self.device = torch.device(device)
         self.shuffle, self.block = s["shuffle"], s["block_tokens"]
-        # prefetch pays off on CUDA, where the main thread waits for the GPU; on CPU the thread only
-        # competes for the GIL and the cores (bench/bench_data.py measures both)
+        # Prefetch pays off on CUDA, where the main thread waits for the GPU; on a CPU the thread
+        # only competes for the GIL and the cores (bench/bench_data.py measures both).
         self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
         self.position, self.batches, self._perms, self._ahead, self._pool = 0, 0, {}, None, None
 
     def state_dict(self):
         return {"position": self.position, "epoch": self.position // self.n_tokens,
-                "batches": self.batches,
-                "seed": self.seed, "n_tokens": self.n_tokens}
+                "batches": self.batches, "seed": self.seed, "n_tokens": self.n_tokens}
 
     def load_state_dict(self, state):
         if "sources" in state:
@@ -241,10 +234,10 @@ class Loader:
         self._ahead, self._perms = None, {}
 
     def next_batch(self, batch_size, seq_len=128):
-        """The next batch of this rank as a dict of int64 tensors on the loader's
-        device (see class doc). With prefetch, a background thread builds the batch
-        after it (same sizes) during the training step; since a batch is a pure
-        function of its position, prefetching never changes what is returned."""
+        """The next batch of this rank as a dict of int64 tensors on the loader's device (see the
+        class doc). With prefetch, a background thread builds the batch after it (same sizes)
+        during the training step; since a batch is a pure function of its position, prefetching
+        never changes what is returned."""
         key = (self.position, batch_size, seq_len)
         ahead, self._ahead = self._ahead, None
         batch = ahead[1].result() if ahead is not None and ahead[0] == key else self._make(*key)
@@ -260,16 +253,13 @@ class Loader:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _make(self, position, B, T):
-        """The batch of this rank starting at stream `position`, as
-        numpy arrays (pinned tensors on CUDA)."""
+        """The batch of this rank starting at stream `position`, as tensors (pinned on CUDA)."""
         mlm = self.objective == "mlm"
-        # MLM leaves room for [CLS] and [SEP]; CLM windows share one token
-        stride = T - 2 if mlm else T
+        stride = T - 2 if mlm else T  # MLM leaves room for [CLS] and [SEP]; CLM windows share one
         if B < 1 or stride < 1:
-            raise ValueError(f"need batch_size >= 1 and seq_len >= {3 if mlm else 1} (got {B}, "
-                             f"{T})")
-        # this rank's windows of the global batch
-        starts = position + stride * (self.rank * B + np.arange(B))
+            raise ValueError(f"need batch_size >= 1 and seq_len >= {3 if mlm else 1} "
+                             f"(got {B}, {T})")
+        starts = position + stride * (self.rank * B + np.arange(B))  # this rank's windows
         pos = starts[:, None] + np.arange(stride if mlm else T + 1)  # (B, L) stream positions
         window = self._read(pos)
         if mlm:
@@ -277,14 +267,13 @@ class Loader:
         else:
             batch = {"input_ids": window[:, :-1], "labels": window[:, 1:]}
         batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
-        # page-locked host memory lets the copy to the GPU run asynchronously
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # page-locked memory: the copy to the GPU is asynchronous
             batch = {k: v.pin_memory() for k, v in batch.items()}
         return batch
 
     def _perm(self, epoch):
-        """Block order of one epoch: full blocks shuffled by hash, the
-        last partial block kept at the end."""
+        """Block order of one epoch: full blocks shuffled by hash, the last partial block at the
+        end."""
         perm = self._perms.get(epoch)
         if perm is None:
             if len(self._perms) > 4:  # a batch spans at most a few epochs; keep the cache small
@@ -297,9 +286,9 @@ class Loader:
         return perm
 
     def _read(self, pos, shift=0, out=None):
-        """(B, L) ascending stream positions, plus shift (where a mixture's
-        run of blocks starts in this stream) -> (B, L) int64 tokens, written
-        into out when given (a mixture's batch, one run at a time)."""
+        """(B, L) ascending stream positions, plus shift (where a mixture's run of blocks starts in
+        this stream) -> (B, L) int64 tokens, written into out when given (a mixture's batch, one
+        run at a time)."""
         n = self.n_tokens
         first, last = (int(pos[0, 0]) + shift) // n, (int(pos[-1, -1]) + shift) // n
         if first == last:  # usually one epoch per batch
@@ -335,9 +324,9 @@ def mixture_pattern(weights, period=MIX_PERIOD):
     holds each source within about one block of its share, from the first batch on."""
     raw = np.asarray(weights, dtype=np.float64) * period
     n = np.maximum(1, np.floor(raw)).astype(np.int64)
-    for _ in range(period - int(n.sum())):        # hand out the remainders, largest first
+    for _ in range(period - int(n.sum())):  # hand out the remainders, largest first
         n[np.argmax(raw - n)] += 1
-    # tiny weights raised to one block: take it from the largest
+    # Tiny weights were raised to one block: take it back from the largest.
     for _ in range(int(n.sum()) - period):
         n[np.argmax(np.where(n > 1, n - raw, -np.inf))] -= 1
     source = np.repeat(np.arange(len(n)), n)
@@ -365,12 +354,11 @@ class MixtureLoader(Loader):
         every_shard = [f for s in sources for f in s["files"]]
         super().__init__(every_shard, n_ordinary, special, settings, device, prefetch)
         self.names, self.weights = [s["name"] for s in sources], [s["weight"] for s in sources]
-        # a part reads the global stream
+        # One Loader per source, of which only _read is used: a part reads the global stream.
         one = {**DEFAULTS, **(settings or {}), "rank": 0, "world_size": 1}
         self.parts = [Loader(s["files"], n_ordinary, special, one, "cpu", prefetch=False)
-                      for s in sources]  # only their _read is used
-        # as Python lists: _read looks up a few blocks per batch, where numpy's per-call cost would
-        # dominate
+                      for s in sources]
+        # Python lists: _read looks up a few blocks per batch, where numpy's per-call cost dominates
         self.pattern, self.nth, self.n_blocks = (a.tolist() for a in mixture_pattern(self.weights))
 
     def state_dict(self):
@@ -380,7 +368,7 @@ class MixtureLoader(Loader):
 
     def load_state_dict(self, state):
         mine = self.state_dict()["sources"]
-        # a resumed run must read the same mixture, or its stream differs
+        # A resumed run must read the same mixture, or its stream differs.
         if state.get("sources") != mine:
             describe = lambda ss: ", ".join(  # noqa: E731
                 f"{s['name']}:{s['weight']:.4g} ({s['n_tokens']} tokens)" for s in ss)
@@ -404,10 +392,9 @@ class MixtureLoader(Loader):
             if not runs or runs[-1][0] != s:  # a new run; its block k is the source's block j
                 j = (k // P) * self.n_blocks[s] + self.nth[k % P]
                 runs.append([s, (j - k) * self.block, k])
-        if len(runs) == 1:                               # the usual case: the batch lies in one run
+        if len(runs) == 1:  # the usual case: the batch lies in one run
             return self.parts[runs[0][0]]._read(pos, runs[0][1])
-        # MLM windows lie back to back: consecutive
-        if int(flat[-1]) - int(flat[0]) == flat.size - 1:
+        if int(flat[-1]) - int(flat[0]) == flat.size - 1:  # MLM windows lie back to back
             edges = [0, *(k * self.block - int(flat[0]) for _, _, k in runs[1:]), flat.size]
         else:                                              # CLM windows overlap by one token
             edges = [0, *np.searchsorted(flat, [k * self.block for _, _, k in runs[1:]]), flat.size]
@@ -437,11 +424,10 @@ class MixtureLoader(Loader):
 # The shard format: SHARD_HEADER (32 bytes), then `count` little-endian uint16 or uint32 tokens
 
 def write_shard(path, tokens, itemsize=2):
-    """Write one shard atomically (tests and tools; data.py's
-    prepare_data streams its shards instead)."""
+    """Write one shard atomically (tests and tools; data.py's prepare_data streams its shards)."""
     tokens = np.asarray(tokens, dtype=f"<u{itemsize}")
-    # written beside path and renamed into place (atomic in one folder): a crash never leaves half a
-    # file
+    # Written beside path and renamed into place (atomic in one folder): a crash never leaves half a
+    # file. (files.atomic_write does the same; this file imports nothing of the project.)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         f.write(SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, itemsize, tokens.size))
@@ -471,11 +457,11 @@ def read_shard(path):
     if magic != SHARD_MAGIC:
         raise ValueError(f"{path}: not a token shard (bad magic {magic!r})")
     if version != SHARD_VERSION or itemsize not in (2, 4):
-        raise ValueError(f"{path}: unsupported shard (version {version}, {itemsize} bytes per "
-                         "token)")
+        raise ValueError(f"{path}: unsupported shard "
+                         f"(version {version}, {itemsize} bytes per token)")
     if size != SHARD_HEADER.size + count * itemsize:  # the size tells a shard cut short by a crash
-        raise ValueError(f"{path}: truncated or corrupt shard ({size} bytes, header says {count} "
-                         "tokens)")
+        raise ValueError(f"{path}: truncated or corrupt shard "
+                         f"({size} bytes, header says {count} tokens)")
     if count == 0:
         return np.zeros(0, dtype=f"<u{itemsize}")
     return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=SHARD_HEADER.size,

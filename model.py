@@ -1,36 +1,34 @@
-"""model.py: one readable Transformer for cramming, as a bidirectional encoder (masked LM) or a
-causal decoder.
+"""model.py: one readable Transformer for cramming: a masked-LM encoder or a causal decoder.
 
 The default is the crammed-BERT recipe (Geiping & Goldstein 2022, "Cramming: Training a Language
-Model on a Single GPU in One Day", arXiv 2212.14034). Every choice that the BigScience ablations (Le
-Scao et al. 2022, "What Language Model to Train if You Have One Million GPU Hours?") compare is one
-config value.
+Model on a Single GPU in One Day", arXiv 2212.14034). Every choice that the BigScience ablations
+(Le Scao et al. 2022, "What Language Model to Train if You Have One Million GPU Hours?") compare is
+one config value.
 
-Notable features (config key and default in brackets; each is explained again where it is
-implemented):
-- pre-LN blocks [norm_position="pre"]: stable at high learning rates, no long warm-up (Xiong et al.
-  2020); post = BERT
+Notable features (config key and default in brackets; each is explained again where it is built):
+- pre-LN blocks [norm_position="pre"]: stable at high learning rates, no long warm-up
+  (Xiong et al. 2020); post = BERT
 - no biases in the linear layers [bias=False]: faster per token at about the same size (cramming)
-- gated-GELU feed-forward [activation="geglu"] (Shazeer 2020, "GLU Variants Improve Transformer",
-  Eq. 5-6)
-- embedding norm [embedding_norm=True] (cramming; BLOOM's, which Le Scao et al. 2022 found to cost
-  zero-shot accuracy)
-- scaled sinusoidal positions [positions="sinusoidal"] (cramming; the sinusoids of Vaswani et al.
-  2017, Sec. 3.5)
-- or learned, rotary (Su et al. 2021, RoFormer), alibi (Press et al. 2022, Sec. 3), none: the four
-  BigScience compares
+- gated-GELU feed-forward [activation="geglu"]
+  (Shazeer 2020, "GLU Variants Improve Transformer", Eq. 5-6)
+- embedding norm [embedding_norm=True]
+  (cramming; BLOOM's, which Le Scao et al. 2022 found to cost zero-shot accuracy)
+- scaled sinusoidal positions [positions="sinusoidal"]
+  (cramming; the sinusoids of Vaswani et al. 2017, Sec. 3.5)
+- or learned, rotary (Su et al. 2021, RoFormer), alibi (Press et al. 2022, Sec. 3), none:
+  the four BigScience compares
 - LayerNorm [norm="layernorm"] or RMSNorm (Zhang & Sennrich 2019); gelu or swiglu feed-forwards
   (BigScience has both)
 - tied input and output embeddings [tie_embeddings=True] (Press & Wolf 2017)
 - vocabulary padded to a multiple of 64, so the embedding and output matmuls fill whole GPU tiles
   (nanoGPT: 50304)
 - no dropout in pretraining [dropout=0.0] (cramming); evaluate_glue.py sets 0.1 for fine-tuning
-- sparse MLM prediction: only the k masked positions reach the output head and the loss (cramming;
-  1/4 of the rows)
-- attention through F.scaled_dot_product_attention: a fused flash kernel on a GPU when unmasked (Dao
-  et al. 2022)
-- causal LM option [objective="clm"]: the GPT-style decoder that BigScience's ablations use (Le Scao
-  et al. 2022)
+- sparse MLM prediction: only the k masked positions reach the output head and the loss
+  (cramming; 1/4 of the rows)
+- attention through F.scaled_dot_product_attention: a fused flash kernel on a GPU when unmasked
+  (Dao et al. 2022)
+- causal LM option [objective="clm"]: the GPT-style decoder that BigScience's ablations use
+  (Le Scao et al. 2022)
 
     import model
     cfg = model.make_config("base", vocab_size=32768)            # a plain dict, validated
@@ -38,56 +36,47 @@ implemented):
     out = net(input_ids, labels=labels, label_positions=positions)  # {"loss": ..., "logits": ...}
     model.save_model(net, "out/final"); net = model.load_model("out/final")
 
-Shapes: B batch, T sequence length, d = d_model, H heads, hd = d / H head size, f = ffn_dim, V the
-padded vocab, k masked positions per sequence (sparse MLM prediction).
+Shapes: B batch, T sequence length, d = d_model, H heads, hd = d / H head size, f = ffn_dim,
+V the padded vocab, k masked positions per sequence (sparse MLM prediction).
 """
 import json
 import math
 import os
-import tempfile
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# ----------------------------------------------------------------------------- Configuration: one
-# dict, defaults = the crammed-BERT base model. A plain dict rather than a dataclass because it
-# travels: save_model writes it as config.json beside the weights, train.py, grow.py and the
-# evaluation scripts pass it between them, and scaling.py and grow.py build and compare configs key
-# by key ({**cfg, "n_layers": 8}). validate_config is the one place that checks it.
+# -----------------------------------------------------------------------------
+# Configuration: one dict, defaults = the crammed-BERT base model.
+# A plain dict rather than a dataclass because it travels: save_model writes it as config.json
+# beside the weights, train.py, grow.py and the evaluation scripts pass it between them, and
+# scaling.py and grow.py build and compare configs key by key ({**cfg, "n_layers": 8}).
+# validate_config is the one place that checks it.
 
 DEFAULTS = {
     "vocab_size": 32768,        # tokenizer size; the embedding is padded up to a multiple of 64
-    # Transformer blocks (cramming: 16 at BERT-base width; BERT-base has 12)
-    "n_layers": 16,
+    "n_layers": 16,             # blocks (cramming: 16 at BERT-base width; BERT-base has 12)
     "d_model": 768,             # d, the width of the residual stream
     "n_heads": 12,              # H attention heads; head size hd = d / H = 64
-    # inner width after gating: cramming's 3072-wide projection split in two halves
-    "ffn_dim": 1536,
+    "ffn_dim": 1536,            # f, after gating: cramming's 3072-wide projection in two halves
     "max_seq_len": 128,         # T: cramming trains on packed 128-token sequences
-    # "mlm": bidirectional encoder, masked LM; "clm": causal decoder, next-token LM
-    "objective": "mlm",
+    "objective": "mlm",         # "mlm": bidirectional encoder, masked LM; "clm": causal decoder
     "positions": "sinusoidal",  # learned | sinusoidal (scaled) | rotary | alibi | none
     "norm": "layernorm",        # layernorm | rmsnorm
-    # pre | post (original BERT is post-LN; pre-LN trains stably at high learning rates)
-    "norm_position": "pre",
-    # gelu | geglu | swiglu: the feed-forward's activation (gated: geglu, swiglu)
-    "activation": "geglu",
+    "norm_position": "pre",     # pre | post (BERT's; pre-LN trains stably at high learning rates)
+    "activation": "geglu",      # the feed-forward's: gelu | geglu | swiglu (the last two gated)
     "bias": False,              # biases in the linear layers of the blocks
     "embedding_norm": True,     # a norm right after the embedding (BLOOM's "embedding LayerNorm")
     "tie_embeddings": True,     # the output projection reuses the token embedding matrix
-    # off for pretraining (cramming); evaluate_glue.py sets 0.1 for fine-tuning
-    "dropout": 0.0,
-    # fraction of tokens predicted by MLM (cramming: 25%); enters FLOP accounting
-    "mask_rate": 0.25,
+    "dropout": 0.0,             # off in pretraining (cramming); evaluate_glue.py fine-tunes at 0.1
+    "mask_rate": 0.25,          # share of tokens MLM predicts (cramming: 25%); in FLOP accounting
     "num_labels": 0,            # > 0 adds a sequence classification head (1 = regression)
-    # std of the normal init of every Linear and Embedding weight (BERT's value)
-    "init_std": 0.02,
+    "init_std": 0.02,           # std of every Linear and Embedding weight's normal init (BERT's)
     "norm_eps": 1e-12,          # epsilon inside every norm (BERT's and cramming's value)
 }
 
-# Presets from a test-sized model to the crammed base and a large model. Each only lists what
-# differs.
+# Presets from a test-sized model to the crammed base and a large model; each lists what differs.
 PRESETS = {
     "tiny": {"vocab_size": 512, "n_layers": 2, "d_model": 64, "n_heads": 4, "ffn_dim": 128,
              "max_seq_len": 64},
@@ -173,12 +162,12 @@ def padded_vocab_size(cfg):
     return round_up(cfg["vocab_size"], VOCAB_MULTIPLE)
 
 
-# ----------------------------------------------------------------------------- Building blocks:
-# norms, positions (sinusoidal, rotary, ALiBi), and the block (attention + feed-forward)
+# -----------------------------------------------------------------------------
+# Building blocks: norms, positions (sinusoidal, rotary, ALiBi), the block (attention, feed-forward)
 
 def make_norm(cfg):
-    # RMSNorm (Zhang & Sennrich 2019) rescales by the root mean square only: no mean subtraction, no
-    # bias.
+    # RMSNorm (Zhang & Sennrich 2019) rescales by the root mean square only:
+    # no mean subtraction, no bias.
     if cfg["norm"] == "rmsnorm":
         return nn.RMSNorm(cfg["d_model"], eps=cfg["norm_eps"])
     return nn.LayerNorm(cfg["d_model"], eps=cfg["norm_eps"])
@@ -186,10 +175,9 @@ def make_norm(cfg):
 
 def sinusoid_table(n_positions, dim):
     """(n_positions, dim) fixed sinusoids of Vaswani et al. 2017, Sec. 3.5."""
-    # (n_positions, 1)
-    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]
-    # Wavelengths from 2*pi to 10000 * 2*pi in a geometric progression, one per pair of columns.
-    # (ceil(dim/2),)
+    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]               # (n_positions, 1)
+    # Wavelengths from 2*pi to 10000 * 2*pi in a geometric progression, one per pair of columns:
+    # inv_freq is (ceil(dim/2),).
     inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, dtype=torch.float32) / dim)
     table = torch.zeros(n_positions, dim)
     table[:, 0::2] = torch.sin(pos * inv_freq)
@@ -203,8 +191,7 @@ def rotary_cos_sin(position_ids, head_dim):
     # theta_i = 10000^(-2i/hd): the angle of pair i at position m is m * theta_i.
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2,
                                                device=position_ids.device).float() / head_dim))
-    # (..., T, hd/2)
-    angles = position_ids.float()[..., None] * inv_freq
+    angles = position_ids.float()[..., None] * inv_freq                        # (..., T, hd/2)
     return angles.cos(), angles.sin()
 
 
@@ -214,8 +201,8 @@ def apply_rotary(x, cos, sin):
     # Pairs are (x_i, x_{i + hd/2}) rather than RoFormer's neighbours (x_2i, x_2i+1): the same
     # rotation up to a fixed permutation of the head dimensions, without interleaving. Rotating q
     # and k by their positions makes q.k depend only on the offset between them. Computed in
-    # float32, returned in x's dtype. 2 x (B, H, T, hd/2)
-    x1, x2 = x.float().chunk(2, dim=-1)
+    # float32, returned in x's dtype.
+    x1, x2 = x.float().chunk(2, dim=-1)                                  # 2 x (..., B, H, T, hd/2)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
@@ -224,8 +211,7 @@ def alibi_slopes(n_heads):
     two the paper's recipe takes the power-of-two set and interleaves slopes from the next one."""
     def power_of_two(n):
         return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-    # H = 8 gives 1/2, 1/4, ..., 1/256: low slopes let some heads look far, high ones keep others
-    # local.
+    # H = 8 gives 1/2, 1/4, ..., 1/256: low slopes let some heads look far, high ones stay local.
     closest = 2 ** math.floor(math.log2(n_heads))
     slopes = power_of_two(closest)
     if closest < n_heads:
@@ -265,8 +251,8 @@ class Block(nn.Module):
         self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
         self.qkv = nn.Linear(d, 3 * d, bias=bias)      # one matmul for queries, keys and values
         self.out = nn.Linear(d, d, bias=bias)
-        # up makes f features, or 2f when gated (a gate and a value); down always reads f, the width
-        # after gating.
+        # up makes f features, or 2f when gated (a gate and a value);
+        # down always reads f, the width after gating.
         self.up = nn.Linear(d, up_width(cfg), bias=bias)
         self.down = nn.Linear(f, d, bias=bias)
 
@@ -274,19 +260,18 @@ class Block(nn.Module):
         """x (B, T, d) -> (B, T, d). mask: None, or bool/float (B|1, 1|H, T, T) added to the
         scores."""
         B, T, d = x.shape
-        # (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd): heads become a batch dimension for
-        # SDPA. 3 x (B,H,T,hd)
+        # (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd): heads become a batch dimension (SDPA).
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv
-        # Rotary rotates queries and keys only, both in one call: the scores see positions, the
-        # values stay pure content.
+        q, k, v = qkv                                                     # 3 x (B, H, T, hd)
+        # Rotary rotates queries and keys only, both in one call:
+        # the scores see positions, the values stay pure content.
         if rope is not None:
             q, k = apply_rotary(qkv[:2], *rope)                               # 2 x (B, H, T, hd)
         if mask is not None and mask.dtype != torch.bool:
             # SDPA wants a float mask in the query's dtype (bf16 under autocast)
             mask = mask.to(q.dtype)
-        # softmax(q k^T / sqrt(hd) + mask) v; dropout on the attention weights only while
-        # fine-tuning. (B, H, T, hd)
+        # y = softmax(q k^T / sqrt(hd) + mask) v, (B, H, T, hd).
+        # Dropout on the attention weights only while fine-tuning.
         dropout = self.dropout if self.training else 0.0
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:
             y = matmul_attention(q, k, v, mask, is_causal, dropout)
@@ -300,8 +285,7 @@ class Block(nn.Module):
         """x (B, T, d) -> (B, T, d). Gated variants (Shazeer 2020, "GLU Variants Improve
         Transformer", Eq. 5-6) multiply the activated half of the up-projection by the other
         half."""
-        # (B, T, f), or (B, T, 2f) when gated
-        h = self.up(x)
+        h = self.up(x)                                     # (B, T, f), or (B, T, 2f) when gated
         if self.activation == "gelu":
             h = F.gelu(h)
         else:
@@ -313,8 +297,8 @@ class Block(nn.Module):
         # Residual dropout on each sublayer's output before the add; p = 0 while pretraining.
         drop = lambda y: F.dropout(y, self.dropout, self.training)  # noqa: E731
         # Pre-LN: x + f(norm(x)). The residual stream is a plain sum that no norm rescales, so
-        # gradients stay well scaled at initialization and no long warm-up is needed (Xiong et al.
-        # 2020).
+        # gradients stay well scaled at initialization and no long warm-up is needed
+        # (Xiong et al. 2020).
         if self.pre_norm:
             x = x + drop(self.attend(self.norm1(x), mask, rope, is_causal))
             return x + drop(self.feed_forward(self.norm2(x)))
@@ -369,8 +353,8 @@ class FusedCrossEntropy(torch.autograd.Function):
         return (grad_logits @ weight) * scale, (grad_logits.T @ h) * scale, None
 
 
-# ----------------------------------------------------------------------------- The Transformer:
-# embedding -> n_layers blocks -> final norm, then the heads (LM and classification)
+# -----------------------------------------------------------------------------
+# The Transformer: embedding -> n_layers blocks -> final norm, then the heads (LM, classification)
 
 class Transformer(nn.Module):
     """Embedding -> n_layers blocks -> final norm -> tied output projection (and an optional
@@ -387,33 +371,30 @@ class Transformer(nn.Module):
         if cfg["positions"] == "learned":
             self.pos_emb = nn.Embedding(cfg["max_seq_len"], d)
         if cfg["positions"] == "sinusoidal":
-            # Scaled sinusoidal (cramming): fixed sinusoids times one learned scalar, started at
-            # 1/sqrt(d).
+            # Scaled sinusoidal (cramming): fixed sinusoids times a learned scalar, from 1/sqrt(d).
             self.pos_scale = nn.Parameter(torch.tensor(1.0 / math.sqrt(d)))
-            # persistent=False: rebuilt from the config, so not in the state dict (nor in model.pt);
-            # same for slopes.
+            # persistent=False: rebuilt from the config, so not in the state dict (nor in model.pt).
+            # ALiBi's slopes below are the same.
             self.register_buffer("sinusoids", sinusoid_table(cfg["max_seq_len"], d),
                                  persistent=False)
-        # Rotary needs no parameters or buffers here: its angles are computed from position_ids in
-        # trunk().
+        # Rotary needs no parameters or buffers: trunk() computes its angles from position_ids.
         if cfg["positions"] == "alibi":
             self.register_buffer("slopes", alibi_slopes(cfg["n_heads"]), persistent=False)
         self.emb_norm = make_norm(cfg) if cfg["embedding_norm"] else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg["n_layers"]))
-        # post-LN blocks end normalized
+        # A final norm after pre-LN blocks only: post-LN blocks end normalized.
         self.final_norm = make_norm(cfg) if cfg["norm_position"] == "pre" else None
         # Tied (the default): no output matrix of its own, logits() multiplies by tok_emb.weight.
         self.lm_head = None if cfg["tie_embeddings"] else nn.Linear(d, V, bias=False)
-        # The classification head exists only for fine-tuning (num_labels > 0); it keeps its biases,
-        # as BERT's does.
+        # The classification head exists only for fine-tuning (num_labels > 0), with BERT's biases.
         self.pooler = self.classifier = None
         if cfg["num_labels"]:
             self.pooler, self.classifier = nn.Linear(d, d), nn.Linear(d, cfg["num_labels"])
         self.apply(self._init_weights)
 
     def _init_weights(self, module):
-        # BERT-style init (cramming's too): every matrix ~ N(0, init_std), biases zero; norms keep
-        # weight 1, bias 0.
+        # BERT-style init (cramming's too): every matrix ~ N(0, init_std), biases zero;
+        # norms keep weight 1, bias 0.
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=self.config["init_std"])
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -427,8 +408,7 @@ class Transformer(nn.Module):
         if self.config["positions"] == "learned":
             x = x + self.pos_emb(position_ids)
         elif self.config["positions"] == "sinusoidal":
-            # (B|1, T, d) table rows, broadcast over B
-            x = x + self.pos_scale * self.sinusoids[position_ids]
+            x = x + self.pos_scale * self.sinusoids[position_ids]  # (B|1, T, d): broadcast over B
         # Rotary and ALiBi add nothing here: they act inside attention, on q and k or on the scores.
         if self.emb_norm is not None:
             x = self.emb_norm(x)
@@ -442,11 +422,10 @@ class Transformer(nn.Module):
         alibi = self.config["positions"] == "alibi"
         if attention_mask is None and not alibi:
             return None, causal
-        # allowed[b, 0, i, j]: may query i attend to key j? Padding and causality combined in one
-        # bool tensor.
+        # allowed[b, 0, i, j]: may query i attend to key j? Padding and causality combined.
         allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
         if attention_mask is not None:
-            # hide padded keys: (B, 1, 1, T)
+            # Padded keys are hidden: (B, 1, 1, T).
             allowed = allowed & attention_mask[:, None, None, :].bool()
         if causal:
             # Query i sees keys j <= i: the lower triangle.
@@ -455,26 +434,23 @@ class Transformer(nn.Module):
             return allowed, False
         # ALiBi (Press et al. 2022): no position embedding; each head's score falls linearly with
         # the distance between query and key, at its own slope. |i - j| makes the bias symmetric for
-        # the bidirectional encoder. (B|1,1,T,T)
+        # the bidirectional encoder. distance is (B|1, 1, T, T).
         distance = (position_ids[:, None, :, None] - position_ids[:, None, None, :]).abs().float()
-        # (B|1,H,T,T)
-        bias = -self.slopes.to(device)[None, :, None, None] * distance
+        bias = -self.slopes.to(device)[None, :, None, None] * distance            # (B|1, H, T, T)
         return bias.masked_fill(~allowed, float("-inf")), False
 
     def trunk(self, input_ids, attention_mask=None, position_ids=None):
         """(B, T) token ids -> (B, T, d) hidden states before the final norm."""
         B, T = input_ids.shape
-        # Learned and sinusoidal positions are a table of max_seq_len rows; rotary and ALiBi extend
-        # to any T.
+        # Learned and sinusoidal positions are a table of max_seq_len rows;
+        # rotary and ALiBi extend to any T.
         if T > self.config["max_seq_len"] and self.config["positions"] in ("learned", "sinusoidal"):
             raise ValueError(f"sequence length {T} exceeds max_seq_len "
                              f"{self.config['max_seq_len']}")
-        # Positions 0..T-1 for every row unless given (B, T): one (1, T) row broadcasts over the
-        # batch.
+        # Positions 0..T-1 for every row unless given (B, T): one (1, T) row broadcasts over B.
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T)
-        # The rotary angles and the mask are the same for every layer: made once here, shared by all
-        # blocks.
+        # The rotary angles and the mask are the same in every layer, so they are made once, here.
         rope = None
         if self.config["positions"] == "rotary":
             cos, sin = rotary_cos_sin(position_ids,
@@ -487,24 +463,22 @@ class Transformer(nn.Module):
         return x
 
     def finish(self, h):
-        # Pre-LN blocks leave the residual stream unnormalized, so one last norm comes before any
-        # head.
+        # Pre-LN blocks leave the residual stream unnormalized: one last norm comes before a head.
         return self.final_norm(h) if self.final_norm is not None else h
 
     def encode(self, input_ids, attention_mask=None, position_ids=None):
         """(B, T) -> (B, T, d) contextual representations after the final norm."""
         return self.finish(self.trunk(input_ids, attention_mask, position_ids))
 
-    # ------------------------------------------------------------------------------- Heads: the
-    # language-model head (sparse for MLM) and the [CLS] classification head. cramming drops BERT's
-    # dense + GELU + LayerNorm transform before the output projection: the final norm's output goes
-    # straight into the tied projection, with no decoder bias.
+    # -------------------------------------------------------------------------------
+    # Heads: the language-model head (sparse for MLM) and the [CLS] classification head.
+    # cramming drops BERT's dense + GELU + LayerNorm transform before the output projection: the
+    # final norm's output goes straight into the tied projection, with no decoder bias.
 
     def logits(self, h):
         """(..., d) normalized hidden states -> (..., V) scores over the padded vocabulary."""
         weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
-        # h @ weight.T, weight: (V, d)
-        return F.linear(h, weight)
+        return F.linear(h, weight)                                  # h @ weight.T, weight: (V, d)
 
     def forward(self, input_ids, attention_mask=None, labels=None, label_positions=None,
                 position_ids=None):
@@ -522,10 +496,8 @@ class Transformer(nn.Module):
         if label_positions is not None:
             # gather picks along T, and needs the index repeated across the d features.
             index = label_positions[..., None].expand(-1, -1, h.shape[-1])  # (B, k, d)
-            # (B, k, d): the masked rows only
-            h = h.gather(1, index)
-        # The final norm is per position, so it commutes with the gather and runs on the k rows only
-        # too.
+            h = h.gather(1, index)                                          # (B, k, d): masked rows
+        # The final norm is per position, so it commutes with the gather and runs on k rows only.
         h = self.finish(h)
         if labels is not None and fused_loss_pays(h):
             # Training in bf16 on a CPU: the loss and its gradients without the (B*k, V) logits.
@@ -549,8 +521,8 @@ class Transformer(nn.Module):
         if self.classifier is None:
             raise ValueError("this model has no classification head; call add_classifier(model, "
                              "num_labels)")
-        # [CLS] is the first token of every input (data.py, evaluate_glue.py); attention lets it see
-        # the whole text.
+        # [CLS] is the first token of every input (data.py, evaluate_glue.py);
+        # attention lets it see the whole text.
         h = self.encode(input_ids, attention_mask)[:, 0]                  # (B, d)
         # Pooler: dense + GELU (BERT's pooler uses tanh), then dropout, which fine-tuning turns on.
         h = F.dropout(F.gelu(self.pooler(h)), self.config["dropout"], self.training)
@@ -588,20 +560,18 @@ def add_classifier(model, num_labels):
 
 def set_dropout(model, p):
     """Change the dropout probability everywhere (0 for pretraining, 0.1 for GLUE fine-tuning)."""
-    # embed() and classify() read config["dropout"]; each block copied it when built, so each one is
-    # told.
+    # embed() and classify() read config["dropout"]; blocks copied it when built, so each is told.
     model.config["dropout"] = validate_config({**model.config, "dropout": p})["dropout"]
     for block in model.blocks:
         block.dropout = p
     return model
 
 
-# ----------------------------------------------------------------------------- Accounting:
-# parameters and training FLOPs, pure functions of the config (scaling.py and train.py use them).
+# -----------------------------------------------------------------------------
+# Accounting: parameters and training FLOPs, pure functions of the config (scaling.py, train.py).
 # count_params(cfg) equals the parameter count of build_model(cfg), without building it.
 
-def _norm_params(cfg):
-    # weight (+ bias for LayerNorm)
+def _norm_params(cfg):  # weight (+ bias for LayerNorm)
     return 2 * cfg["d_model"] if cfg["norm"] == "layernorm" else cfg["d_model"]
 
 
@@ -625,12 +595,10 @@ def count_params(cfg, embeddings=True):
     # Outside the blocks: the embedding norm, the final norm (pre-LN only) and the sinusoids' scale.
     n += _norm_params(cfg) if cfg["embedding_norm"] else 0
     n += _norm_params(cfg) if cfg["norm_position"] == "pre" else 0     # the final norm
-    # the learned scale of the sinusoids
-    n += 1 if cfg["positions"] == "sinusoidal" else 0
+    n += 1 if cfg["positions"] == "sinusoidal" else 0                 # the sinusoids' scale
     if cfg["num_labels"]:
         n += d * d + d + d * cfg["num_labels"] + cfg["num_labels"]     # pooler + classifier
-    # Embeddings: V x d once when tied, twice with an untied output matrix, plus a learned position
-    # table.
+    # Embeddings: V x d once when tied, twice with an untied output matrix, plus a position table.
     if embeddings:
         n += V * d
         n += cfg["max_seq_len"] * d if cfg["positions"] == "learned" else 0
@@ -646,14 +614,12 @@ def flops_per_token(cfg, seq_len=None):
     cfg = validate_config(cfg)
     T = seq_len or cfg["max_seq_len"]
     predicted = cfg["mask_rate"] if cfg["objective"] == "mlm" else 1.0
-    # 6 = 2 FLOPs per multiply-add x (1 forward + 2 backward matmuls: input gradient and weight
-    # gradient).
+    # 6 = 2 FLOPs per multiply-add x (1 forward + 2 backward matmuls: input and weight gradients).
     blocks = 6 * cfg["n_layers"] * _block_linear_weights(cfg)
-    # Per token and layer, q k^T and (weights) v are T * d multiply-adds each: 4 T d forward FLOPs,
-    # x3 in training.
+    # Per token and layer, q k^T and (weights) v are T * d multiply-adds each:
+    # 4 T d forward FLOPs, x3 in training.
     attention = 12 * cfg["n_layers"] * T * cfg["d_model"]
-    # The output projection runs only on the rows that are predicted: sparse MLM's payoff in one
-    # factor.
+    # The output projection runs only on the predicted rows: sparse MLM's payoff, in one factor.
     head = 6 * cfg["d_model"] * padded_vocab_size(cfg) * predicted
     return float(blocks + attention + head)
 
@@ -667,37 +633,32 @@ def unwrap(model):
     return getattr(model, "_orig_mod", model)        # torch.compile keeps it in ._orig_mod
 
 
-def atomic_write(path, write):
-    """Call write(f) on a binary file beside path, then rename it into place: a crash never leaves
-    half a file. The one helper for every file the project writes (data.py, train.py and the benches
-    use it too)."""
-    # Same folder, so os.replace is a rename within one file system, which is atomic.
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
-                               prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def save_model(model, folder):
     """Write folder/model.pt (state dict) and folder/config.json, each atomically."""
     model = unwrap(model)   # so the keys carry no "module." or "_orig_mod." prefix
     os.makedirs(folder, exist_ok=True)
     # Tensors on the CPU, so the file loads on a machine without the GPU it was trained on.
     state = {name: t.detach().cpu() for name, t in model.state_dict().items()}
-    atomic_write(os.path.join(folder, "model.pt"), lambda f: torch.save(state, f))
-    atomic_write(os.path.join(folder, "config.json"), lambda f: f.write(json.dumps(model.config,
-                                                                                   indent=2).encode()))
+    # Each file is written under a temporary name in the folder, then renamed into place (a rename
+    # within one folder is atomic), so a crash never leaves half a file. The rest of the project
+    # uses files.atomic_write for this; model.py imports nothing of the project, so that it can be
+    # copied out alone, and does the same here in a few lines.
+    tmp = os.path.join(folder, f"save_model.{os.getpid()}.tmp")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, os.path.join(folder, "model.pt"))
+        with open(tmp, "wb") as f:
+            f.write(json.dumps(model.config, indent=2).encode())
+        os.replace(tmp, os.path.join(folder, "config.json"))
+    finally:
+        if os.path.exists(tmp):  # a failed write (a full disk) leaves no temporary file behind
+            os.remove(tmp)
 
 
 def load_model(folder, device="cpu"):
     """The model saved by save_model: `net = load_model("out/final")`."""
-    config_path, weights_path = os.path.join(folder, "config.json"), os.path.join(folder,
-                                                                                  "model.pt")
+    config_path = os.path.join(folder, "config.json")
+    weights_path = os.path.join(folder, "model.pt")
     for path in (config_path, weights_path):
         if not os.path.isfile(path):
             raise ValueError(f"{path}: missing; a checkpoint folder holds config.json and model.pt")
@@ -706,22 +667,19 @@ def load_model(folder, device="cpu"):
             cfg = json.load(f)
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_path}: not valid JSON ({e})") from None
-    # Errors name the file they come from, since a user is looking at a folder rather than at this
-    # code.
+    # Errors name the file they come from: a user is looking at a folder, not at this code.
     try:
         cfg = validate_config(cfg)
     except ValueError as e:
         raise ValueError(f"{config_path}: {e}") from None
     model = build_model(cfg)
-    # weights_only=True: torch.load reads tensors and plain containers only and runs no pickled
-    # code.
+    # weights_only=True: torch.load reads only tensors and plain containers, never pickled code.
     try:
         model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
-    # truncated, foreign or from another config: name the file, not a traceback
-    except Exception as e:
+    except Exception as e:  # truncated, foreign or from another config: name the file, no traceback
+        first_line = str(e).splitlines()[0] if str(e) else ""
         raise ValueError(f"{weights_path}: not loadable as this config's weights "
-                         f"({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+                         f"({type(e).__name__}: {first_line})") from None
     return model.to(device)
 
 
@@ -736,11 +694,10 @@ def _ready(net, enc, objective, hint):
         raise ValueError(f"{hint}; this model's objective is {net.config['objective']!r}")
     if enc.n_vocab > net.config["vocab_size"]:
         raise ValueError(f"tokenizer has {enc.n_vocab} tokens, the model only "
-                         f"{net.config['vocab_size']}: "
-                         f"not the tokenizer it was trained with")
-    # Ordinary (byte/merge) ids come first, specials after them (tokenizer.n_ordinary): scoring only ids
-    # below this leaves out [CLS] [SEP] [MASK] ..., the reserved ids and the padding rows of the
-    # embedding.
+                         f"{net.config['vocab_size']}: not the tokenizer it was trained with")
+    # Ordinary (byte/merge) ids come first, specials after them (tokenizer.n_ordinary): scoring only
+    # the ids below the first special leaves out [CLS] [SEP] [MASK] ..., the reserved ids and the
+    # padding rows of the embedding.
     return net, min(enc.encode_single_token(s) for s in enc.special_tokens_set)
 
 
@@ -769,13 +726,11 @@ def fill_mask(net, enc, text, top_k=5):
                          f"{net.config['max_seq_len']}")
     device = net.tok_emb.weight.device
     input_ids = torch.tensor([ids], device=device)                                       # (1, T)
-    # The same sparse prediction as in training: only the k [MASK] positions go through the output
-    # head.
+    # The same sparse prediction as in training: only the k [MASK] positions reach the output head.
     positions = (input_ids == special["[MASK]"]).nonzero()[:, 1][None]                   # (1, k)
-    # (k, n_ordinary)
+    # Scores of the ordinary tokens only, (k, n_ordinary): no special token is a guess.
     logits = net(input_ids, label_positions=positions)["logits"][0, :, :n_ordinary]
-    # (k, top_k) each
-    probs, top = logits.float().softmax(-1).topk(min(top_k, n_ordinary), dim=-1)
+    probs, top = logits.float().softmax(-1).topk(min(top_k, n_ordinary), dim=-1)  # (k, top_k) each
     return [[(enc.decode([t]), p) for t, p in zip(row_ids, row_probs)]
             for row_ids, row_probs in zip(top.tolist(), probs.tolist())]
 
@@ -783,7 +738,7 @@ def fill_mask(net, enc, text, top_k=5):
 # How generate picks each next token; pass a dict with the keys to change
 SAMPLING = {
     "temperature": 0.0,  # 0: greedy (argmax); above 0, softmax(logits / temperature) is sampled
-    "top_k": None,       # sample among the k likeliest only: cuts the unreliable tail (Fan et al. 2018)
+    "top_k": None,       # sample among the k likeliest only: no unreliable tail (Fan et al. 2018)
     "seed": 0,           # seeds the sampler, so one seed gives one continuation
 }
 
@@ -801,8 +756,7 @@ def generate(net, enc, prompt, max_new_tokens=20, sampling=None):
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     device, sep = net.tok_emb.weight.device, enc.encode_single_token("[SEP]")
-    # In the training stream every document follows a [SEP], so the prompt starts as a document
-    # does.
+    # In the training stream every document follows a [SEP]: the prompt starts as a document does.
     ids = torch.tensor([[sep] + enc.encode_ordinary(prompt)], device=device)             # (1, T)
     allowed = torch.zeros(net.tok_emb.weight.shape[0], dtype=torch.bool, device=device)  # (V,)
     allowed[:n_ordinary] = allowed[sep] = True   # no [CLS], [MASK], reserved ids or padding rows
@@ -810,10 +764,8 @@ def generate(net, enc, prompt, max_new_tokens=20, sampling=None):
     new = []
     # No KV cache: each step re-reads the whole context, which is simple and cheap at these lengths.
     for _ in range(max_new_tokens):
-        # the longest input it was trained on
-        context = ids[:, -net.config["max_seq_len"]:]
-        # (V,) scores for the next token only
-        logits = net.logits(net.encode(context)[0, -1]).float()
+        context = ids[:, -net.config["max_seq_len"]:]    # the longest input it was trained on
+        logits = net.logits(net.encode(context)[0, -1]).float()  # (V,) for the next token only
         logits = logits.masked_fill(~allowed, float("-inf"))
         if temperature == 0:
             next_id = logits.argmax()
@@ -854,6 +806,7 @@ def main(argv=None):
     """python model.py CHECKPOINT "text with [MASK]": print the guesses per mask (masked LM) or the
     continuation of the text (causal LM). CHECKPOINT is a folder like train.py's out/final."""
     import argparse
+
     import tokenizer  # here, not at the top: the model itself needs no tokenizer
     p = argparse.ArgumentParser(description="Fill in [MASK]s (masked LM) or continue a prompt "
                                             "(causal LM).")
@@ -885,8 +838,7 @@ def main(argv=None):
         for i, guesses in enumerate(fill_mask(net, enc, args.text, args.top_k), start=1):
             print(f"[MASK] {i}: " + " | ".join(f"{token!r} {prob:.2f}" for token, prob in guesses))
     except ValueError as e:
-        # Bad input of any kind (folder, tokenizer, text) is a ValueError here: one line, no
-        # traceback.
+        # Any bad input (folder, tokenizer, text) is a ValueError here: one line, no traceback.
         raise SystemExit(f"error: {e}") from None
 
 

@@ -49,8 +49,8 @@ def setup_device(choice, shard="ddp"):
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend=backend)
     elif shard == "fsdp" and not dist.is_initialized():
-        # FSDP needs a process group even in one process: a group of one rank, over
-        # an in-memory store
+        # FSDP needs a process group even in one process: a group of one rank, over an in-memory
+        # store.
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     return device, rank, world
 
@@ -88,12 +88,12 @@ def cpu_has_fast_bf16():
 # Wrapping: activation checkpointing and FSDP (in place), then torch.compile, then DDP
 
 def wrap(net, args, device, world):
-    """The model as the loop runs it; model.unwrap finds the plain model again (under
-    FSDP that is the module itself). args: train.py's settings (checkpoint_activations,
-    shard, dtype, compile)."""
-    # Checkpointing rewrites each block's forward and FSDP shards the blocks, both
-    # in place; torch.compile then traces the result, and DDP goes outermost, as
-    # nanoGPT does: DDP(torch.compile(model))
+    """The model as the loop runs it; model.unwrap finds the plain model again (under FSDP that is
+    the module itself). args: train.py's settings (checkpoint_activations, shard, dtype,
+    compile)."""
+    # Checkpointing rewrites each block's forward and FSDP shards the blocks, both in place;
+    # torch.compile then traces the result, and DDP goes outermost, as nanoGPT does:
+    # DDP(torch.compile(model)).
     if args.checkpoint_activations:
         checkpoint_activations(net)
     if args.shard == "fsdp":
@@ -152,8 +152,8 @@ def gradient_sync(net, last):
     if hasattr(plain, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter on the last only
         plain.set_requires_gradient_sync(last)
         return nullcontext()
-    # DDP: no_sync() skips the all-reduce (nanoGPT toggles the flag by hand; the context
-    # says the same)
+    # DDP: no_sync() skips the all-reduce. nanoGPT toggles the flag by hand; the context says the
+    # same.
     return net.no_sync() if isinstance(net, DDP) and not last else nullcontext()
 
 
@@ -184,16 +184,6 @@ def mean_over_ranks(value, world):
         sum_over_ranks(value, world)
         value /= world
     return value
-
-
-def clip_gradients(net, max_norm):
-    """Clip the global L2 norm of the gradients; returns the norm before clipping
-    (None when off)."""
-    if max_norm <= 0:
-        return None
-    norm = torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
-    # FSDP: each rank computed the norm of its shards; full_tensor() is the norm over all of them
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 # -----------------------------------------------------------------------------
@@ -241,8 +231,8 @@ def memory_text(cfg, world, shard, recompute=False):
 
 
 def shard_bytes(net):
-    """FSDP: bytes of parameters this rank holds, its slice of every tensor
-    (what memory_per_rank predicts)."""
+    """FSDP: bytes of parameters this rank holds, its slice of every tensor (what memory_per_rank
+    predicts)."""
     plain = model.unwrap(net)
     plain.reshard()  # a forward in eval mode (the step-0 evaluation) leaves the root all-gathered
     return sum(p.to_local().numel() * p.to_local().element_size() for p in plain.parameters())

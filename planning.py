@@ -22,23 +22,22 @@ import model
 import scaling
 
 AUTO_PRESETS = ("tiny", "mini", "small", "base")  # "large" only when asked for: a GPU day buys base
-# vocabulary by preset: cramming's 32768 (2^15) for base; a small model spends too much of itself on
-# embeddings with a large vocabulary, and a CPU minute cannot learn 32768 rows anyway
+# Vocabulary by preset: cramming's 32768 (2^15) for base; a small model spends too much of itself
+# on embeddings with a large vocabulary, and a CPU minute cannot learn 32768 rows anyway.
 PRESET_VOCAB = {"tiny": 512, "mini": 8192, "small": 16384, "base": 32768, "large": 32768}
-# training FLOP/s of one core, fp32: 15-20 G measured on the tiny models here
-CPU_FLOPS_PER_THREAD = 1.5e10
-# measured (docs/train.md, the recipe): fewer, larger steps lose; more, smaller ones too
+CPU_FLOPS_PER_THREAD = 1.5e10  # training FLOP/s of one core, fp32: 15-20 G measured on tiny models
+# Optimizer steps a run aims for, measured (docs/train.md, the recipe): fewer, larger steps lose;
+# more, smaller ones too.
 STEPS_WANTED = 1000
 CRAMMING_BATCH = 8192 * 128  # cramming's final batch, 8192 x 128 tokens (train/bert-o4.yaml)
-# Model config keys that a flag of the same name (--n-layers for n_layers) overrides on top
-# of the preset
+# Model config keys that a flag of the same name (--n-layers for n_layers) overrides on the preset
 SIZE_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim")
 CHOICE_KEYS = ("positions", "norm", "norm_position", "activation")
 
 
 def model_config(args, vocab_size):
-    """The model config of the run (before any growth stage): preset, then the flags
-    that override it; with --init-from, the weights' own config."""
+    """The model config of the run (before any growth stage): preset, then the flags that override
+    it; with --init-from, the weights' own config."""
     if args.init_from:  # continued pretraining: the shape is the weights', the masking the run's
         base = checkpoint.init_config(args.init_from)
         return model.validate_config({**base, "mask_rate": args.mask_rate, "dropout": 0.0})
@@ -52,8 +51,7 @@ def model_config(args, vocab_size):
 
 
 def gpu_peak_flops(device):
-    """Peak bf16 FLOP/s of this GPU from scaling.py's table, or None (CPU, unknown GPU):
-    then no MFU."""
+    """Peak bf16 FLOP/s of this GPU from scaling.py's table, or None (CPU, unknown GPU): no MFU."""
     if device.type != "cuda":
         return None
     try:
@@ -138,9 +136,9 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
 
 
 def optimal_params(args, flops_per_s, world):
-    """(N*, what it was computed from, the budget's FLOPs or None): the compute-optimal
-    parameter count (scaling.compute_optimal with Besiroglu et al. 2024's constants, ~25
-    tokens per parameter)."""
+    """(N*, what it was computed from, the budget's FLOPs or None): the compute-optimal parameter
+    count (scaling.compute_optimal with Besiroglu et al. 2024's constants, ~25 tokens per
+    parameter)."""
     seconds, constants = budget.budget_seconds(args), scaling.PUBLISHED["epoch"]
     compute = seconds * flops_per_s * world if seconds else None
     if compute:
@@ -156,9 +154,9 @@ def optimal_params(args, flops_per_s, world):
 
 
 def nearest_preset(n_star):
-    """The auto preset whose total parameter count is nearest N* in log scale. Past base (120
-    M, cramming's model for a GPU day) auto does not go: a larger model takes fewer steps in
-    the same hours."""
+    """The auto preset whose total parameter count is nearest N* in log scale. Past base (120 M,
+    cramming's model for a GPU day) auto does not go: a larger model takes fewer steps in the same
+    hours."""
     # total parameters, embeddings included: at these sizes the embedding is a large share of the
     # model (tiny: most of it), and the fitted constants count all parameters
     def total_params(name):

@@ -28,14 +28,22 @@ import json
 import math
 import os
 import re
-import tempfile
 
 import numpy as np
 
-# the numerics of every fit below (numpy only), by name: in this file "fit" is a fitted law.
-# fit_power_law is part of this file's API too (cmd_fit fits the loss-vs-compute frontier with it)
-from fit import (check_points, fit_power_law, levenberg_marquardt, lse_model, multistart,
-                 projection_starts, to_params)
+import files  # atomic writes of the JSON and PNG files (the standard library only: no torch)
+
+# The numerics of every fit below (numpy only), by name: in this file "fit" is a fitted law.
+# fit_power_law is part of this file's API too (cmd_fit fits the loss-vs-compute frontier with it).
+from fit import (
+    check_points,
+    fit_power_law,
+    levenberg_marquardt,
+    lse_model,
+    multistart,
+    projection_starts,
+    to_params,
+)
 
 # -----------------------------------------------------------------------------
 # Accounting: hardware peaks, and hours x GPUs x MFU -> FLOPs -> tokens
@@ -58,8 +66,7 @@ GPU_PEAK_FLOPS = {
     "3090": 71e12,         # GA102 whitepaper: 142 TF fp16-acc, 71 fp32-acc (bf16)
     "a10": 125e12,         # A10 datasheet, bf16 dense
     "a40": 149.7e12,       # A40 datasheet, bf16 dense
-    # RTX A6000 datasheet: 154.8 dense, 309.7 with sparsity (cramming's final GPU)
-    "a6000": 154.8e12,
+    "a6000": 154.8e12,     # RTX A6000 datasheet: 154.8 dense, 309.7 sparse (cramming's last GPU)
     "4090": 165.2e12,      # Ada whitepaper: 165.2 fp32-acc dense, 330.3 with sparsity
     "l4": 121e12,          # L4 datasheet: 242 with sparsity
     "l40s": 362e12,        # L40S datasheet: 733 with sparsity
@@ -74,16 +81,16 @@ GPU_PEAK_FLOPS = {
 
 def peak_flops(gpu):
     """Peak bf16 FLOP/s of one GPU: a table name ("a100", "H100 SXM", "rtx-4090"), a CUDA device
-    name as torch.cuda.get_device_name gives it ("NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 2080
-    Ti"), or a number of FLOP/s such as "150e12" for hardware not in the table. Names match whole
-    words ("A10G" is not an "A10")."""
+    name as torch.cuda.get_device_name gives it ("NVIDIA A100-SXM4-80GB",
+    "NVIDIA GeForce RTX 2080 Ti"), or a number of FLOP/s such as "150e12" for hardware not in the
+    table. Names match whole words ("A10G" is not an "A10")."""
     try:
         if float(gpu) >= 1e9:
             return float(gpu)
     except (TypeError, ValueError):
         pass
     words = re.findall(r"[a-z0-9]+", str(gpu).lower())
-    # "h100-pcie" before "h100"
+    # The longest names first, so that "h100-pcie" is tried before "h100".
     for key in sorted(GPU_PEAK_FLOPS, key=lambda k: -len(k.replace("-", ""))):
         if any("".join(words[i:j]) == key.replace("-", "") for i in range(len(words))
                for j in range(i + 1, min(i + 3, len(words)) + 1)):
@@ -129,16 +136,15 @@ PUBLISHED = {
     "epoch": {"E": 1.8172, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658,
               "N_counts": "total",
               "source": "Besiroglu et al. 2024 (Epoch AI) refit of Chinchilla's data"},
-    # Hoffmann et al. 2022, Approach 3 as printed (rounded); implies 60-90 tokens/param at
-    # Chinchilla's budget.
+    # Hoffmann et al. 2022, Approach 3 as printed (rounded).
+    # It implies 60-90 tokens per parameter at Chinchilla's budget.
     "hoffmann": {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28,
                  "N_counts": "total",
                  "source": "Hoffmann et al. 2022 (Chinchilla), Approach 3"},
 }
 CAVEAT = ("published constants were fitted on decoder LMs trained on MassiveText (N = all "
-          "parameters); "
-          "for BERT MLM on our data they only suggest an allocation: run `scaling.py sweep` and "
-          "`fit` for your own")
+          "parameters); for BERT MLM on our data they only suggest an allocation: run "
+          "`scaling.py sweep` and `fit` for your own")
 
 
 def predict_loss(N, D, params):
@@ -149,8 +155,8 @@ def predict_loss(N, D, params):
 
 def compute_optimal(C, params):
     """argmin_N L(N, C / 6N) in closed form. Setting d/dN [A N^-alpha + B (C/6)^-beta N^beta] = 0
-    gives N^(alpha+beta) = (alpha A / (beta B)) (C/6)^beta, hence N* = G (C/6)^a and D* = C / (6 N*)
-    = (C/6)^b / G."""
+    gives N^(alpha+beta) = (alpha A / (beta B)) (C/6)^beta, hence N* = G (C/6)^a and
+    D* = C / (6 N*) = (C/6)^b / G."""
     if not (np.all(np.asarray(C) > 0) and np.all(np.isfinite(C))):
         raise ValueError(f"compute budget must be positive and finite, got {C!r}")
     alpha, beta = params["alpha"], params["beta"]
@@ -549,16 +555,14 @@ def _read_run(path):
         if not (numbers and math.isfinite(loss) and loss > 0):
             raise ValueError(f"{log}:{i}: eval line needs numeric 'tokens' and a positive finite "
                              "'val_loss'")
-        # an evaluation before training has no D
-        if D > 0:
+        if D > 0:  # an evaluation before training has no D
             # C from the model's own FLOPs per token (model.flops_per_token), when summary has it
             has_fpt = isinstance(fpt, (int, float)) and fpt > 0
             points.append({"N": float(N), "D": float(D), "loss": float(loss), "run_id": folder,
                            "C": float(fpt) * D if has_fpt else None,
                            "comparable": info.get("comparable")})
     # A log written by a train.py before resume truncated it can repeat the steps between a
-    # checkpoint and a kill: one point per token count, the last logged (the resumed run's), so no
-    # point counts twice.
+    # checkpoint and a kill: one point per token count is kept, the last logged (the resumed run's).
     return list({p["D"]: p for p in points}.values())
 
 
@@ -605,28 +609,11 @@ def read_points(paths):
     return points
 
 
-def _atomic_write(path, write):
-    """Call write(f) on a binary temporary file in path's folder, then os.replace it into place, so
-    a crash never leaves half a file. model.atomic_write does the same for every other file;
-    scaling.py keeps its own few lines because fits, plans and plots must not import torch."""
-    # same folder, so os.replace is a rename within one file system, which is atomic
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        # only after a failed write: a replaced tmp no longer exists
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def save_json(obj, path):
-    """Write JSON atomically (_atomic_write), creating the folder if needed."""
+    """Write JSON atomically (files.atomic_write), creating the folder if needed."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     # the same bytes json.dump(obj, f, indent=2) writes to a text file
-    _atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2).encode()))
+    files.atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2).encode()))
 
 
 def plot_fit(points, fit, path):
@@ -640,8 +627,7 @@ def plot_fit(points, fit, path):
     except ImportError:
         return None
     N, D, L = (np.array([p[k] for p in points]) for k in ("N", "D", "loss"))
-    # the law's own compute convention
-    C = 6 * N * D
+    C = 6 * N * D  # the law's own compute convention
     fig, ax = plt.subplots(figsize=(7, 5))
     sc = ax.scatter(C, L, c=np.log10(N), cmap="viridis", s=14)
     for n in np.unique(N):
@@ -665,8 +651,7 @@ def plot_losses(log_path, png_path):
     (it is optional). Imports neither torch nor model.py, like the rest of this file."""
     try:
         import matplotlib
-        # Agg draws to files only: no display needed on a training machine
-        matplotlib.use("Agg")
+        matplotlib.use("Agg")  # Agg draws to files only: no display needed on a training machine
         import matplotlib.pyplot as plt
     except ImportError:
         return None
@@ -681,14 +666,13 @@ def plot_losses(log_path, png_path):
         if points:
             ax.plot(*zip(*points), marker="o" if kind == "eval" else None, label=label)
     for r in records:
-        # grow.py changed the model here: the loss may jump
-        if r["kind"] == "grow":
+        if r["kind"] == "grow":  # grow.py changed the model here: the loss may jump
             ax.axvline(r["elapsed"], color="grey", linestyle=":", linewidth=1)
     ax.set(xlabel="seconds", ylabel="loss (nats per predicted token)",
            title=os.path.dirname(log_path))
     ax.legend()
     fig.tight_layout()
-    _atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
+    files.atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
     return png_path
 

@@ -21,16 +21,14 @@ import os
 import tiktoken
 
 # GPT-4's split pattern with numbers grouped by at most 2 digits (nanochat: best at a 32K
-# vocabulary). The pattern cuts text into pieces before BPE runs, so no merge crosses a
-# word/number/punctuation edge.
+# vocabulary). It cuts text into pieces before BPE runs, so that no merge crosses the edge of a
+# word, a number or punctuation.
 SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}"""
                  r"""| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""")
 SPECIAL_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]"]  # BERT's (Devlin et al. 2019, sec. 3)
 MIN_RESERVED = 4  # spare special ids ("[RESERVED_i]") so later features need no new vocabulary
-# n_vocab is a multiple of this (tensor-core friendly; model.py pads the same way)
-VOCAB_MULTIPLE = 64
-# the JSON file's "format" and "version"
-TOKENIZER_FORMAT, TOKENIZER_VERSION = "growcram-tokenizer", 1
+VOCAB_MULTIPLE = 64  # n_vocab is a multiple of this (tensor-core friendly; model.py pads alike)
+TOKENIZER_FORMAT, TOKENIZER_VERSION = "growcram-tokenizer", 1  # the JSON file's "format", "version"
 
 
 def round_up(n, multiple):
@@ -43,9 +41,9 @@ def round_up(n, multiple):
 def train_tokenizer(texts, vocab_size=32768, pattern=SPLIT_PATTERN):
     """Byte-level BPE trained by rustbpe on an iterable of str -> tiktoken.Encoding.
 
-    vocab_size is rounded up to a multiple of 64; 256 byte tokens + merges
-    + 8 specials/reserved fill it. A corpus too small for that many merges
-    gives fewer merges and n_vocab = the next multiple of 64."""
+    vocab_size is rounded up to a multiple of 64; 256 byte tokens + merges + 8 specials/reserved
+    fill it. A corpus too small for that many merges gives fewer merges and n_vocab = the next
+    multiple of 64."""
     import rustbpe  # training only; encoding needs tiktoken alone
     n_special = len(SPECIAL_TOKENS) + MIN_RESERVED
     if vocab_size < 256 + n_special:
@@ -68,8 +66,7 @@ def stock_tokenizer(name):
     except Exception as e:
         first_line = str(e).splitlines()[0] if str(e) else ""
         raise ValueError(f"tokenizer '{name}': ranks not in $TIKTOKEN_CACHE_DIR and not "
-                         "downloadable "
-                         f"({type(e).__name__}: {first_line}); "
+                         f"downloadable ({type(e).__name__}: {first_line}); "
                          f"use --tokenizer train or a tokenizer.json path") from None
     ranks = {b: base.encode_single_token(b) for b in base.token_byte_values()}
     # the stock specials (gpt2's <|endoftext|>) keep their ids; ours follow the largest id
@@ -83,8 +80,7 @@ def _with_specials(name, pattern, ranks, base_specials=None):
     base_specials = dict(base_specials or {})
     first = max([len(ranks) - 1, *base_specials.values()]) + 1
     n_vocab = round_up(first + len(SPECIAL_TOKENS) + MIN_RESERVED, VOCAB_MULTIPLE)
-    # MIN_RESERVED or more, up to the multiple of 64
-    n_reserved = n_vocab - first - len(SPECIAL_TOKENS)
+    n_reserved = n_vocab - first - len(SPECIAL_TOKENS)  # MIN_RESERVED or more, to a multiple of 64
     names = SPECIAL_TOKENS + [f"[RESERVED_{i}]" for i in range(n_reserved)]
     specials = {**base_specials, **{s: first + i for i, s in enumerate(names)}}
     return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
@@ -94,15 +90,14 @@ def _with_specials(name, pattern, ranks, base_specials=None):
 # Using it: the special ids, and where the ordinary ids end
 
 def special_ids(enc):
-    """{"pad", "cls", "sep", "mask"} -> token id. Insert specials by
-    id; encode_ordinary never emits them."""
+    """{"pad", "cls", "sep", "mask"} -> token id. Insert specials by id; encode_ordinary never emits
+    them."""
     return {s.strip("[]").lower(): enc.encode_single_token(s) for s in SPECIAL_TOKENS}
 
 
 def n_ordinary(enc):
     """Ids below this are ordinary (byte/merge) tokens; ids at or above it are special."""
-    # the masking and the models' output heads rely on it: a random replacement token is drawn below
-    # it
+    # The masking and the models' output heads rely on it: random replacements are drawn below it.
     return min(enc.encode_single_token(s) for s in enc.special_tokens_set)
 
 
@@ -110,8 +105,8 @@ def n_ordinary(enc):
 # Saving and loading: plain JSON, so a tokenizer file is readable and never runs code (no pickle)
 
 def save_tokenizer(enc, path):
-    """Plain JSON (no pickle): format/version, name, split pattern,
-    base64 tokens in rank order, specials."""
+    """Plain JSON (no pickle): format/version, name, split pattern, base64 tokens in rank order,
+    specials."""
     ranks = {b: enc.encode_single_token(b) for b in enc.token_byte_values()}
     by_rank = sorted(ranks, key=ranks.get)
     # the file stores tokens in rank order, so the ranks must be exactly 0..n-1 to round-trip
@@ -122,14 +117,14 @@ def save_tokenizer(enc, path):
     doc = {"format": TOKENIZER_FORMAT, "version": TOKENIZER_VERSION, "name": enc.name,
            "pattern": enc._pat_str, "n_vocab": enc.n_vocab,
            "special_tokens": {s: enc.encode_single_token(s) for s in specials},
-           # bytes are not JSON: base64
+           # bytes are not JSON: the tokens are stored as base64
            "ranks": [base64.b64encode(b).decode("ascii") for b in by_rank]}
     _write_atomic(path, json.dumps(doc, indent=1))
 
 
 def _write_atomic(path, text):
-    # written beside path and renamed into place (atomic in one folder): a crash never leaves half a
-    # file
+    # Written beside path and renamed into place (atomic in one folder): a crash never leaves half a
+    # file. (files.atomic_write does the same; this file imports nothing of the project.)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         f.write(text.encode("utf-8"))
@@ -150,8 +145,7 @@ def load_tokenizer(path):
                          f"(format field is not '{TOKENIZER_FORMAT}')")
     if doc.get("version") != TOKENIZER_VERSION:
         raise ValueError(f"{path}: tokenizer format version {doc.get('version')}, this data.py "
-                         "reads "
-                         f"version {TOKENIZER_VERSION}; re-create it with `python data.py`")
+                         f"reads version {TOKENIZER_VERSION}; re-create it with `python data.py`")
     try:
         # a token's place in the list is its rank, hence its id
         ranks = {base64.b64decode(t, validate=True): i for i, t in enumerate(doc["ranks"])}
@@ -200,8 +194,15 @@ def save_hf_tokenizer(enc, folder, max_length=None):
 
 def _hf_tokenizer(enc):
     """enc as a tokenizers.Tokenizer: byte-level BPE, our split regex, our specials and ids."""
-    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
-                            processors)
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
     missing = [s for s in SPECIAL_TOKENS if s not in enc.special_tokens_set]
     if missing:
         raise ValueError(f"{enc.name}: no {' '.join(missing)}; supported: {HF_SUPPORTED}")

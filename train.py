@@ -6,24 +6,28 @@
     torchrun --nproc_per_node=8 train.py --hours 3 --shard fsdp  # weights and AdamW sharded (FSDP2)
     python train.py --resume --out runs/cram                     # continue a stopped run
 
-How to read it: train() is the loop and forward_backward() the step; the helpers follow in the order
-the loop calls them, and the command line comes last. Everything that changes during a run is a
-function of progress p = elapsed / budget in [0, 1] (Geiping & Goldstein 2022, Sec. 3): the learning
-rate (the budget triangle: 25% of the peak rising to the peak at p = 0.75, then linearly to 0), the
-batch-size ramp (the target batch at p = 0.6), the growth stages (grow.py) and when the run stops. A
-step or token budget (--max-steps, --max-tokens) gives the same schedules on a deterministic clock,
-which the tests use. The clock starts once the data is prepared, the model built and its step-0 loss
-measured (as cramming's timer starts after loading); from then on it counts everything: compilation,
-evaluations, growth and checkpoints.
+How to read it: train() is the loop and train_step() the step; the helpers follow in the order the
+loop calls them, and the command line comes last. train_step uses nothing from this project: copy
+its text beside model.py and loader.py and it trains (tests/test_step.py does exactly that).
+
+Everything that changes during a run is a function of progress p = elapsed / budget in [0, 1]
+(Geiping & Goldstein 2022, Sec. 3): the learning rate (the budget triangle: 25% of the peak rising
+to the peak at p = 0.75, then linearly to 0), the batch-size ramp (the target batch at p = 0.6), the
+growth stages (grow.py) and when the run stops. A step or token budget (--max-steps, --max-tokens)
+gives the same schedules on a deterministic clock, which the tests use. The clock starts once the
+data is prepared, the model built and its step-0 loss measured (as cramming's timer starts after
+loading); from then on it counts everything: compilation, evaluations, growth and checkpoints.
 
 Other files do the rest: flags.py reads the command line, planning.py chooses the defaults, data.py
-prepares the corpus, loader.py serves batches, model.py is the network, parallel.py the ranks, and
-checkpoint.py saves and resumes.
+prepares the corpus, loader.py serves batches, model.py is the network, parallel.py the ranks,
+budget.py the clock, and checkpoint.py saves and resumes.
+
 Output in --out: log.jsonl (one line per logged step, evaluation and growth), checkpoint.pt (or the
 folder checkpoint.dcp/ under FSDP), final/ (model.py's folder with tokenizer.json and meta.json),
 loss.png and summary.json (also printed).
 """
 import argparse
+import contextlib
 import errno
 import functools
 import json
@@ -38,6 +42,7 @@ from tqdm import tqdm
 import budget
 import checkpoint
 import data
+import files
 import flags
 import grow
 import model
@@ -54,17 +59,22 @@ from loader import make_loader  # a function: train.py calls its Loader `loader`
 def train(args, budget_was=None):
     """One run; each pass of the loop is one optimizer step. budget_was: the budget a resumed run
     had before this command extended it (None: not extended)."""
-    # ---- set up: device and ranks, the settings, data, model and optimizer, then the clock
+    # ---- set up: the hardware, the settings, the data, the model and optimizer, then the clock
     device, rank, world = parallel.setup_device(args.device, args.shard)
-    args, ckpt, init = resolve_settings(args, device, rank, world)
-    run = start_run(args, ckpt, (device, rank, world), budget_was)
-    net, optimizer, loader, state = build(run, ckpt, init)
-    start_clock(run, state, net, ckpt is not None, budget_was)
-    describe_run(run, net)
-    amp = parallel.autocast(device, run.dtype)  # bf16 where the hardware has it, off in fp32
-    handlers = budget.catch_stop_signals(run.clock)  # preemption and Ctrl-C only set a flag
-    bar = progress_bar(rank)
-    speed, last_ckpt, clock = Speed(state, ckpt is not None), state.elapsed, run.clock
+    args, ckpt, init = resolve_settings(args, device=device, rank=rank, world=world)
+    hw = Hardware(device, rank, world, dtype=parallel.autocast_dtype(args.dtype, device),
+                  peak=planning.gpu_peak_flops(device))
+    out, clock = Output(args.out, args.shard, rank), budget.Budget(args)
+    meta, enc, stages = start_run(args, hw, out, ckpt=ckpt, budget_was=budget_was)
+    net, optimizer, loader, state = build(args, hw, out, meta, stages, ckpt=ckpt, init=init)
+    held_out = HeldOut(args, hw, meta, clock)
+    start_clock(clock, state, net, held_out, out, args, resumed=ckpt is not None,
+                budget_was=budget_was)
+    describe_run(net, args, hw, clock, out, stages)
+    amp = parallel.autocast(hw.device, hw.dtype)  # bf16 where the hardware has it, off in fp32
+    handlers = budget.catch_stop_signals(clock)  # preemption and Ctrl-C only set a flag
+    progress = Progress(state, clock, hw, out, resumed=ckpt is not None)
+    last_ckpt = state.elapsed
     while True:
         # ---- stop: the budget is spent or a signal came, by the clock all ranks agree on
         state.elapsed, stop = parallel.agree_on_clock(clock.elapsed(), clock.signals, device, world)
@@ -73,94 +83,133 @@ def train(args, budget_was=None):
             status = "budget spent" if p >= 1.0 else "preempted"
             break
         # ---- grow: the next stage starts at its budget fraction, or when the loss flattens
-        if state.stage + 1 < len(run.stages):
-            if args.grow_when == "auto" and p >= state.next_check:
-                check_growth(run, state, net, p)
-            due, why = growth_due(run, state, p)
-            if due:
-                net, optimizer = grow_now(run, state, (net, optimizer), p, why)
-        # ---- set the learning rate: a function of progress only (cramming's budget schedules)
-        lr = learning_rate(args, state, p)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        # ---- forward and backward over the step's micro-batches, cut at the deadline
+        why = growth_due(net, p, state, stages, args, held_out, out)
+        if why:
+            net, optimizer = grow_now(net, optimizer, p, why, state=state, stages=stages,
+                                      args=args, hw=hw, held_out=held_out, out=out)
+        # ---- one optimizer step: the learning rate at p, the micro-batches cut at the deadline
         T, B = model.unwrap(net).config["max_seq_len"], state.micro_batch  # the stage's length
-        target = target_accumulation(args.batch_tokens, B * T * world)
-        accum = accumulation_steps(p, target, args.batch_ramp)
-        too_late = functools.partial(budget.ends_past_deadline, clock, state, device, world)
+        accum = accumulation_steps(p, target_accumulation(args.batch_tokens, B * T * world),
+                                   args.batch_ramp)
+        lr = learning_rate(args, state, p)
         position = loader.state_dict()  # where a retry of this step starts reading
         try:
-            loss_sum, done = forward_backward(net, loader, accum, (B, T), amp, too_late)
+            step = train_step(
+                net, optimizer, (loader.next_batch(B, T) for _ in range(accum)),
+                accumulation=accum, lr=lr, clip=args.clip,
+                autocast=amp, gradient_sync=functools.partial(parallel.gradient_sync, net),
+                mean_over_ranks=functools.partial(parallel.mean_over_ranks, world=world),
+                stop_early=functools.partial(budget.ends_past_deadline, clock, state, device,
+                                             world))
         except RuntimeError as error:  # out of memory: halve the micro-batch, retry the step
-            back_off(run, state, (net, optimizer, loader, position), error)  # or re-raise
+            back_off(error, net, optimizer, loader, position, state=state, args=args, hw=hw,
+                     out=out)  # or re-raise
             continue
-        loss_sum = parallel.mean_over_ranks(loss_sum, world)  # one loss: one decision on all ranks
-        # clip the global norm (cramming: 0.5); queued before .item(), the step's one device wait
-        grad_norm = parallel.clip_gradients(net, args.clip)
-        loss = loss_sum.item() / done
-        # ---- skip a non-finite step: one inf or NaN in AdamW's moments would stay there for good
-        if not math.isfinite(loss):
-            if skip_step(run, state, optimizer, loss) >= args.max_bad_steps:
+        # ---- a non-finite loss made no update; too many in a row end the run
+        if step["skipped"]:
+            state.bad_steps, state.skipped_steps = state.bad_steps + 1, state.skipped_steps + 1
+            out.log({"kind": "skip", "step": state.step, "loss": step["loss"]})
+            if state.bad_steps >= args.max_bad_steps:
                 status = "diverged"
                 break
             continue  # the data position moved on: the next step sees other batches
-        # ---- update the weights and count what the step consumed
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        batch_tokens = done * B * T * world
+        # ---- count what the step consumed, and log
+        batch_tokens = step["micro_batches"] * B * T * world
         state.count_step(batch_tokens, model.flops_per_token(model.unwrap(net).config))
-        bar.update(round(100 * p, 1) - bar.n)  # the bar counts % of the budget
-        # ---- log, and once the estimate of what the whole budget buys
-        speed.estimate(run, state)
+        progress.update(p, state)
         if state.step % args.log_every == 0:
-            log_step(run, state, speed, bar, {"progress": p, "loss": loss, "lr": lr,
-                                              "batch_tokens": batch_tokens, "grad_norm": grad_norm})
-        # ---- checkpoint every --checkpoint-minutes (and --checkpoint-steps), before an evaluation
-        # that might die (nanochat's lesson)
+            progress.log_step(state, p, step, lr, batch_tokens)
+        # ---- checkpoint every --checkpoint-minutes (and --checkpoint-steps), before an
+        # evaluation that might die (nanochat's lesson)
         if checkpoint_due(args, state, last_ckpt):
             last_ckpt = state.elapsed
-            save_checkpoint(run, state, net, optimizer, loader)
+            save_checkpoint(net, optimizer, loader, state, clock=clock, out=out)
         # ---- evaluate on held-out data (the batches the budget has time for), and a sample
         if p >= state.next_eval:
             state.next_eval += args.eval_every
-            losses = evaluate(run, net, within_budget=True)
-            if losses:
-                log_eval(run, state, p, losses)
-                run.say(f"{p:4.0%} held-out loss {val_text(losses)}; {samples(run, net)}")
-    bar.close()
+            evaluate_and_show(net, p, state, held_out, enc, args, out)
+    progress.close()
     budget.restore_signal_handlers(handlers)
-    return finish(run, state, net, optimizer, loader, status)
+    # ---- the end: the checkpoint first (a later --resume with a larger budget extends the run,
+    # and an evaluation that dies loses nothing), then the final evaluation, export and summary
+    if status == "diverged":
+        stop_diverged(net, optimizer, state, args, meta, out)  # exits with status 1
+    save_checkpoint(net, optimizer, loader, state, clock=clock, out=out)
+    if status == "preempted":
+        out.say(f"stopped by signal at step {state.step}: checkpoint saved to {out.ckpt_path}; "
+                "continue with --resume")
+        return {"status": status, **asdict(state)}
+    return finish(net, loader, state, status, args=args, hw=hw, held_out=held_out, meta=meta,
+                  enc=enc, out=out)
 
 
-def forward_backward(net, loader, accum, shape, amp, too_late):
-    """One optimizer step's gradients, summed over up to accum micro-batches of shape (B, T) =
-    (sequences, tokens), reduced across ranks on the last only. Returns (the summed loss, a tensor
-    on the device: no wait for it here; the micro-batches done).
+# -----------------------------------------------------------------------------
+# The step: forward and backward over the micro-batches, clip, update
 
-    The hard budget: before every micro-batch after the first, too_late(seconds the last one
-    took) says whether one more would end past the deadline (or a stop signal came): then it is
-    the step's last. A run ends at most one micro-batch late even when a step takes minutes."""
-    B, T = shape
+def train_step(net, optimizer, micro_batches, *, accumulation=None, lr=None, clip=0.0,
+               autocast=contextlib.nullcontext, gradient_sync=None, mean_over_ranks=None,
+               stop_early=None):
+    """One optimizer step. Returns {"loss": the mean loss over the micro-batches (a float),
+    "micro_batches": how many ran, "grad_norm": the norm before clipping (a tensor on the device,
+    so reading it waits; None without clipping), "skipped": True if the loss was not finite, and
+    then no update was made}.
+
+    net(**batch)["loss"] is a micro-batch's loss. micro_batches: batches to take `accumulation`
+    of (a list, then all of it by default; or a generator that reads each when it is needed).
+    This function uses nothing but torch, so it can be copied alone. The keywords default to
+    one process and nothing extra:
+      lr               set on every parameter group first (None: leave the optimizer's)
+      clip             clip the global L2 norm of the gradients to this (cramming: 0.5); 0: off
+      autocast         the context of every forward and backward, e.g.
+                       functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16)
+      gradient_sync    gradient_sync(last): the context of a micro-batch's backward; under DDP or
+                       FSDP it reduces the gradients across ranks on the last micro-batch only
+      mean_over_ranks  mean_over_ranks(loss): the summed loss averaged over ranks, so that every
+                       rank takes the same skip-or-update decision
+      stop_early       stop_early(seconds): asked before every micro-batch after the first, with
+                       the seconds the previous one took; True makes it the step's last (a hard
+                       wall-clock deadline ends at most one micro-batch late)
+    """
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    accumulation = len(micro_batches) if accumulation is None else accumulation
+    batches = iter(micro_batches)
     loss_sum, done, seconds = 0.0, 0, 0.0
-    for micro in range(accum):
-        last = micro == accum - 1 or (micro > 0 and too_late(seconds))
+    for micro in range(accumulation):
+        last = micro == accumulation - 1 or (micro > 0 and stop_early is not None
+                                             and stop_early(seconds))
         started = time.time()
-        batch = loader.next_batch(B, T)  # input_ids (B, T); MLM: labels and label_positions (B, k)
-        with parallel.gradient_sync(net, last), amp():
+        batch = next(batches)  # input_ids (B, T); MLM: labels and label_positions (B, k)
+        sync = gradient_sync(last) if gradient_sync else contextlib.nullcontext()
+        with sync, autocast():
             loss = net(**batch)["loss"]  # MLM: cross-entropy on the masked positions only (sparse)
-            (loss / accum).backward()    # gradients add up: the step's mean over its micro-batches
+            (loss / accumulation).backward()  # gradients add up to the mean over micro-batches
         loss_sum = loss_sum + loss.detach().float()
         done += 1
         seconds = time.time() - started
         if last:
             break
-    # a step cut short at the deadline divided each micro-batch's loss by accum, not by done:
-    # rescale its gradients to the mean over the micro-batches it has
-    if done < accum:
+    # A step cut short divided each micro-batch's loss by accumulation, not by done: rescale its
+    # gradients to the mean over the micro-batches it has.
+    if done < accumulation:
         for param in net.parameters():
             if param.grad is not None:
-                param.grad.mul_(accum / done)
-    return loss_sum, done
+                param.grad.mul_(accumulation / done)
+    if mean_over_ranks is not None:
+        loss_sum = mean_over_ranks(loss_sum)
+    grad_norm = None
+    if clip > 0:  # queued before .item() below, the step's one wait for the device
+        grad_norm = torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+        # Under FSDP the norm is a DTensor of each rank's shards; full_tensor() is the whole norm.
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    loss = loss_sum.item() / done
+    # One inf or NaN in AdamW's moments would stay there for good: skip the update instead.
+    skipped = not math.isfinite(loss)
+    if not skipped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss, "micro_batches": done, "grad_norm": grad_norm, "skipped": skipped}
 
 
 # -----------------------------------------------------------------------------
@@ -193,9 +242,9 @@ def learning_rate(args, state, p):
 def accumulation_steps(p, target, ramp=0.6):
     """Micro-batches per optimizer step: from 1 up to target, linearly over the first `ramp` of the
     budget (cramming's batch_size_ramp 0.6 in train/bert-o4.yaml)."""
-    # Early steps are small and many, when the loss falls fastest. The ramp goes through
-    # the number of micro-batches, so every forward keeps one static shape (no
-    # recompilation under torch.compile)
+    # Early steps are small and many, when the loss falls fastest. The ramp goes through the
+    # number of micro-batches, so every forward keeps one static shape (no recompilation under
+    # torch.compile).
     if ramp <= 0 or p >= ramp:
         return target
     return max(1, min(target, int(p / ramp * target) + 1))
@@ -209,49 +258,77 @@ def target_accumulation(batch_tokens, micro_tokens):
 
 
 # -----------------------------------------------------------------------------
-# The step's helpers: running out of memory, the progress bar, a skipped step, checkpoint times
+# The loop's decisions: growth, running out of memory, checkpoints, evaluations
 
-def back_off(run, state, parts, error):
+def growth_due(net, p, state, stages, args, held_out, out):
+    """Why the next growth stage starts now: "fraction" (its budget fraction is reached), the
+    reason grow.auto_should_grow gives (--grow-when auto: this stage's held-out loss flattened),
+    or None: not now, or no stage is left."""
+    if state.stage + 1 >= len(stages):
+        return None
+    if args.grow_when != "auto":
+        return "fraction" if p >= stages[state.stage + 1]["at"] else None
+    if p >= state.next_check:  # one held-out point on this stage's curve, every --grow-check-every
+        every = args.grow_check_every
+        state.next_check = (math.floor(p / every) + 1) * every
+        losses = held_out.evaluate(net)
+        state.auto_points.append([state.flops, losses["val_loss"]])
+        log_eval(out, state, p, losses, elapsed=held_out.clock.elapsed(), growth_check=True)
+    due, why = grow.auto_should_grow(state.auto_points, p, state.stage + 1, len(stages),
+                                     args.grow_slope)
+    return why if due else None
+
+
+def grow_now(net, optimizer, p, why, *, state, stages, args, hw, held_out, out):
+    """Grow the model and optimizer to the next stage (grow.apply_stage), and log the event with
+    the held-out loss just before and just after. Returns (net, optimizer)."""
+    state.stage += 1
+    # The loss just before and after shows what the operator cost: a function-preserving one
+    # (Net2Net, bert2BERT) changes it by float noise only, while a sequence-length step also
+    # changes the task.
+    loss_before = held_out.evaluate(net)["val_loss"]
+    plain, optimizer, event = grow.apply_stage(
+        model.unwrap(net), optimizer, stages[state.stage],
+        lambda m: make_optimizer(m, args, hw.device),
+        {"noise": args.grow_noise, "seed": args.seed, "policy": args.grow_optimizer,
+         "new_moments": args.grow_moments})
+    # compile and DDP must see the new shapes: wrap the grown model again
+    net = parallel.wrap(plain.to(hw.device).train(), args, hw.device, hw.world)
+    loss_after = held_out.evaluate(net)["val_loss"]
+    state.stage_at, state.auto_points = p, [[state.flops, loss_after]]  # the new stage's curve
+    event = {"kind": "grow", "step": state.step, "tokens": state.tokens, "elapsed": state.elapsed,
+             "progress": p, **event, "val_loss_before": loss_before, "val_loss_after": loss_after,
+             "reason": why}
+    out.log(event)
+    out.say(f"grow at {p:.1%}: {event}")
+    return net, optimizer
+
+
+def back_off(error, net, optimizer, loader, position, *, state, args, hw, out):
     """Out of memory in a step (CUDA's or MPS's): free what the step held, halve the micro-batch
-    (the accumulation doubles, so the global batch stays), rewind the loader to the step's start,
-    log it, and let the loop retry the same step: the run goes on as if it had started with the
-    smaller micro-batch. Any other error is raised again. parts: (net, optimizer, loader, the
-    loader's position at the step's start)."""
-    net, optimizer, loader, position = parts
+    (the accumulation doubles, so the global batch stays), rewind the loader to position (where the
+    step started reading), log it, and let the loop retry the same step: the run goes on as if it
+    had started with the smaller micro-batch. Any other error is raised again."""
     if not parallel.is_out_of_memory(error):
         raise error
     optimizer.zero_grad(set_to_none=True)  # the half-accumulated gradients of the failed step
-    parallel.free_memory(run.device)
+    parallel.free_memory(hw.device)
     B, cfg = state.micro_batch, model.unwrap(net).config
     # One sequence that does not fit has nothing left to halve. Several ranks would have to agree
-    # on the retry inside their collectives: there the error ends the run too
-    if B == 1 or run.world > 1:
-        need = parallel.memory_per_rank(cfg, run.world, run.args.shard)["total"]
-        raise SystemExit(f"error: out of memory at micro-batch {B} on {run.device}: the model has "
+    # on the retry inside their collectives: there the error ends the run too.
+    if B == 1 or hw.world > 1:
+        need = parallel.memory_per_rank(cfg, hw.world, args.shard)["total"]
+        raise SystemExit(f"error: out of memory at micro-batch {B} on {hw.device}: the model has "
                          f"{model.count_params(cfg) / 1e6:.1f} M parameters, which need "
                          f"{need / 1e9:.2f} GB per rank for weights, gradients and AdamW before "
                          "any activation; try --checkpoint-activations, --shard fsdp, --dtype "
                          "bf16 or a smaller --model") from None
     state.micro_batch = B // 2
     loader.load_state_dict(position)
-    run.log({"kind": "back_off", "step": state.step, "micro_batch": state.micro_batch,
+    out.log({"kind": "back_off", "step": state.step, "micro_batch": state.micro_batch,
              "error": str(error).splitlines()[0][:200]})
-    run.say(f"out of memory at step {state.step + 1}: micro-batch {B} -> {state.micro_batch} "
+    out.say(f"out of memory at step {state.step + 1}: micro-batch {B} -> {state.micro_batch} "
             "sequences, twice the accumulation: the same global batch; retrying the step")
-
-
-def progress_bar(rank):
-    """The bar counts % of the budget (whichever budget ends first), on rank 0 only."""
-    return tqdm(total=100, disable=rank != 0, unit="%", desc="budget", dynamic_ncols=True,
-                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
-
-
-def skip_step(run, state, optimizer, loss):
-    """Drop a non-finite step's gradients, log it, and return the non-finite steps in a row."""
-    optimizer.zero_grad(set_to_none=True)
-    state.bad_steps, state.skipped_steps = state.bad_steps + 1, state.skipped_steps + 1
-    run.log({"kind": "skip", "step": state.step, "loss": loss})
-    return state.bad_steps
 
 
 def checkpoint_due(args, state, last_ckpt):
@@ -260,13 +337,52 @@ def checkpoint_due(args, state, last_ckpt):
     return bool(by_steps) or state.elapsed - last_ckpt > args.checkpoint_minutes * 60
 
 
+def evaluate_and_show(net, p, state, held_out, enc, args, out):
+    """The held-out loss within what is left of the budget, logged, and printed with a sample."""
+    losses = held_out.evaluate(net, within_budget=True)
+    if losses:
+        log_eval(out, state, p, losses, elapsed=held_out.clock.elapsed())
+        out.say(f"{p:4.0%} held-out loss {val_text(losses)}; "
+                f"{samples(net, enc, args, out.rank)}")
+
+
 # -----------------------------------------------------------------------------
 # Set-up, in the order train() calls it
 
+@dataclass(frozen=True)
+class Hardware:
+    """Where the run computes, fixed at start-up."""
+    device: torch.device
+    rank: int                     # this process, 0 to world - 1; rank 0 prints, logs and exports
+    world: int                    # processes training together (torchrun's WORLD_SIZE)
+    dtype: torch.dtype            # autocast dtype: bf16 where the hardware has it, else fp32
+    peak: float = None            # this GPU's peak FLOP/s, or None (no MFU)
+
+
+class Output:
+    """What the run writes in --out and prints: log.jsonl and the printed lines come from rank 0
+    only; the checkpoint's path is every rank's (under FSDP each writes its shards)."""
+
+    def __init__(self, folder, shard, rank):
+        self.folder, self.rank = folder, rank
+        self.log_path = os.path.join(folder, "log.jsonl")
+        self.ckpt_path = checkpoint.path_in(folder, shard)
+
+    def say(self, *text):
+        """Print on rank 0 only, through tqdm so that a line never breaks the progress bar."""
+        if self.rank == 0:
+            tqdm.write(" ".join(map(str, text)))
+
+    def log(self, record):
+        """Append one record (a dict) to log.jsonl."""
+        if self.rank == 0:
+            checkpoint.append_log(self.log_path, record)
+
+
 @dataclass
 class RunState:
-    """Everything the loop changes. A checkpoint saves it; a resumed run continues
-    from these values."""
+    """Everything the loop changes. A checkpoint saves it; a resumed run continues from these
+    values."""
     step: int = 0                 # optimizer steps taken
     tokens: int = 0               # training tokens fed, all ranks
     flops: float = 0.0            # training FLOPs spent (model.flops_per_token of each stage)
@@ -288,44 +404,7 @@ class RunState:
         self.flops += tokens * flops_per_token
 
 
-@dataclass
-class Run:
-    """What the loop reads: the settings, the hardware, the data, the growth stages, the
-    files and the clock. start_run makes it once; after that only the clock runs and
-    evaluate fills held_out."""
-    args: argparse.Namespace      # the flags with the defaults planning.py chose
-    device: torch.device
-    dtype: torch.dtype            # autocast dtype: bf16 where the hardware has it, else fp32
-    rank: int
-    world: int
-    meta: dict                    # data.prepare_data's description of the token shards
-    enc: object                   # the tokenizer, only to show samples
-    cfg: dict                     # the model config the run trains toward (the last growth stage's)
-    stages: list                  # grow.parse_schedule's stages ([] without growth)
-    clock: budget.Budget          # the budget's clock; start_clock starts it
-    peak: float = None            # this GPU's peak FLOP/s, or None (no MFU)
-    held_out: dict = field(default_factory=dict)  # evaluate's: {seq length: {source: batches}}
-    eval_seconds: float = None    # evaluate's: seconds per held-out batch, the last measured
-
-    @property
-    def log_path(self):
-        return os.path.join(self.args.out, "log.jsonl")
-
-    @property
-    def ckpt_path(self):
-        return checkpoint.path_in(self.args.out, self.args.shard)
-
-    def say(self, *text):
-        """Print on rank 0 only, through tqdm so that a line never breaks the progress bar."""
-        if self.rank == 0:
-            tqdm.write(" ".join(map(str, text)))
-
-    def log(self, record):
-        if self.rank == 0:
-            checkpoint.append_log(self.log_path, record)
-
-
-def resolve_settings(args, device, rank, world):
+def resolve_settings(args, *, device, rank, world):
     """(the settings, the checkpoint to resume or None, --init-from's weights or None): the flags
     with the defaults chosen for this machine and budget, checked before any work (shape, growth
     schedule, masking at every length)."""
@@ -340,8 +419,8 @@ def resolve_settings(args, device, rank, world):
         raise SystemExit(f"error: {flags.config_error_in_flags(e)}") from None
     if args.grow == "auto":  # shorthand: compound's stages, grown when the loss says so
         chosen.update(grow="compound", grow_when="auto")
-    # a new Namespace: the parsed flags stay as given; args.json saves these, so
-    # --resume reuses them
+    # A new Namespace: the parsed flags stay as given. args.json saves these, so --resume reuses
+    # them.
     args = argparse.Namespace(**{**vars(args), **chosen})
     if why and rank == 0:
         print(f"defaults: {why} (flags given on the command line always win)")
@@ -359,47 +438,44 @@ def resolve_settings(args, device, rank, world):
 
 
 def growth_stages(args, cfg):
-    """grow.parse_schedule of --grow toward cfg ([] without growth), as a one-line
-    error if invalid."""
+    """grow.parse_schedule of --grow toward cfg ([] without growth), as a one-line error if
+    invalid."""
     try:
         return grow.parse_schedule(args.grow, cfg) if args.grow else []
     except ValueError as e:
         raise SystemExit(f"error: --grow: {e}") from None
 
 
-def start_run(args, ckpt, ranks, budget_was):
-    """Prepare the data, write args.json (the first file written: every check has passed) and return
-    the Run. ranks: (device, rank, world)."""
-    device, rank, world = ranks
-    meta = prepare_interruptible(args, device, rank, world)
-    cfg = planning.model_config(args, meta["n_vocab"])
+def start_run(args, hw, out, *, ckpt, budget_was):
+    """Prepare the data and write args.json (the first file written: every check has passed).
+    Returns (meta: data.prepare_data's description of the token shards, the tokenizer (only to
+    show samples), the growth stages ([] without growth))."""
+    meta = prepare_interruptible(args, hw)
+    cfg = planning.model_config(args, meta["n_vocab"])  # the model the run trains toward
     if args.init_from and cfg["vocab_size"] != meta["n_vocab"]:  # another tokenizer was given
         raise SystemExit(f"error: --tokenizer {args.tokenizer} has {meta['n_vocab']} tokens; the "
                          f"weights of --init-from {args.init_from} have {cfg['vocab_size']}")
     stages = growth_stages(args, cfg)
-    run = Run(args, device, parallel.autocast_dtype(args.dtype, device), rank, world, meta,
-              tokenizer.load_tokenizer(meta["tokenizer"]), cfg, stages, budget.Budget(args),
-              planning.gpu_peak_flops(device))
     if stages and any(stages[-1]["config"][k] != cfg[k] for k in grow.GROWN_KEYS):
-        run.say(f"--grow: the schedule ends at {grow.describe(stages[-1]['config'])}, not the "
+        out.say(f"--grow: the schedule ends at {grow.describe(stages[-1]['config'])}, not the "
                 f"model's {grow.describe(cfg)}; the run trains toward the schedule's last stage")
-    if rank == 0:
+    if hw.rank == 0:
         os.makedirs(args.out, exist_ok=True)
         if ckpt is None or budget_was:  # a resume saves its extended budget
-            model.atomic_write(os.path.join(args.out, "args.json"),
+            files.atomic_write(os.path.join(args.out, "args.json"),
                                lambda f: f.write(json.dumps(vars(args), indent=2).encode()))
         if ckpt is not None:
-            checkpoint.truncate_log(run.log_path, ckpt["state"]["log_bytes"])
-    return run
+            checkpoint.truncate_log(out.log_path, ckpt["state"]["log_bytes"])
+    return meta, tokenizer.load_tokenizer(meta["tokenizer"]), stages
 
 
-def prepare_interruptible(args, device, rank, world):
-    """prepare() where SIGTERM exits at once with one line: data.py's temporary
-    folder is removed."""
+def prepare_interruptible(args, hw):
+    """prepare() where SIGTERM exits at once with one line: data.py's temporary folder is
+    removed."""
     message = ("error: stopped by a signal during data preparation; nothing was written (the cache "
                "keeps only finished entries)")
     with data.exit_cleanly_on_sigterm(args.cache, message):
-        return prepare(args, device, rank, world)
+        return prepare(args, hw.device, hw.rank, hw.world)
 
 
 def prepare(args, device, rank, world):
@@ -411,7 +487,7 @@ def prepare(args, device, rank, world):
                 "mix_temperature": args.mix_temperature}  # data.DEFAULTS for the rest
     meta = None
     # One process downloads and tokenizes, so ranks never race on the cache; the others then find
-    # the finished entry under the same settings key and only read its meta.json
+    # the finished entry under the same settings key and only read its meta.json.
     if rank == 0:
         try:
             meta = data.prepare_data(args.data, args.cache, settings, progress=True)
@@ -433,29 +509,31 @@ def prepare(args, device, rank, world):
     return meta
 
 
-def build(run, ckpt, init=None):
-    """(net, optimizer, loader, state): fresh from the seed (at the first growth stage), as
-    saved (ckpt), or from --init-from's weights (init) with a fresh optimizer."""
-    args = run.args
+def build(args, hw, out, meta, stages, *, ckpt=None, init=None):
+    """(net, optimizer, loader, state): fresh from the seed (at the first growth stage), as saved
+    (ckpt), or from --init-from's weights (init) with a fresh optimizer."""
     torch.manual_seed(args.seed)  # the same weights on every rank: FSDP keeps each rank's slice
-    first = ckpt["config"] if ckpt else run.stages[0]["config"] if run.stages else run.cfg
-    net = model.build_model(first).to(run.device)
+    if ckpt:
+        first = ckpt["config"]
+    else:
+        first = stages[0]["config"] if stages else planning.model_config(args, meta["n_vocab"])
+    net = model.build_model(first).to(hw.device)
     # The order matters: weights go in before wrapping (DDP broadcasts them, FSDP keeps a slice),
-    # and the optimizer is made after (under FSDP its moments are shaped like the shards)
+    # and the optimizer is made after (under FSDP its moments are shaped like the shards).
     if ckpt:
         checkpoint.load_weights(net, ckpt)
     elif init:  # a new run from old weights: new optimizer, new budget, new data order
         net.load_state_dict(init["weights"])
-        run.say(f"starting from the weights of {args.init_from}")
-    net = parallel.wrap(net.train(), args, run.device, run.world)
-    optimizer = make_optimizer(model.unwrap(net), args, run.device)
-    settings = {"objective": args.objective, "seed": args.seed, "rank": run.rank,
-                "world_size": run.world, "mask_rate": args.mask_rate}
-    loader = make_loader(run.meta, "train", settings, device=run.device)
+        out.say(f"starting from the weights of {args.init_from}")
+    net = parallel.wrap(net.train(), args, hw.device, hw.world)
+    optimizer = make_optimizer(model.unwrap(net), args, hw.device)
+    settings = {"objective": args.objective, "seed": args.seed, "rank": hw.rank,
+                "world_size": hw.world, "mask_rate": args.mask_rate}
+    loader = make_loader(meta, "train", settings, device=hw.device)
     state = RunState(next_eval=args.eval_every, next_check=args.grow_check_every)
     if ckpt:
         state = RunState(**checkpoint.restore(ckpt, net, optimizer, loader))
-        run.say(f"resuming {run.ckpt_path} at step {state.step}, {state.tokens:,} tokens, "
+        out.say(f"resuming {out.ckpt_path} at step {state.step}, {state.tokens:,} tokens, "
                 f"{state.elapsed:.0f} s used")
     # a run that backed off after running out of memory resumes at the micro-batch it settled on
     state.micro_batch = state.micro_batch or args.micro_batch
@@ -474,165 +552,127 @@ def make_optimizer(net, args, device):
                              fused=device.type == "cuda")
 
 
-def start_clock(run, state, net, resumed, budget_was):
+def start_clock(clock, state, net, held_out, out, args, *, resumed, budget_was):
     """The step-0 evaluation (off the clock: where the curve starts, about ln V nats), then the
     clock starts (a resumed run's continues from its saved time). A resumed run checks that
     budget is left."""
-    args, clock = run.args, run.clock
     if not resumed:
-        losses = evaluate(run, net)
-        log_eval(run, state, 0.0, losses, elapsed=0.0)
-        run.say(f"held-out loss before training: {val_text(losses)}")
+        losses = held_out.evaluate(net)
+        log_eval(out, state, 0.0, losses, elapsed=0.0)
+        out.say(f"held-out loss before training: {val_text(losses)}")
     clock.start_clock(state.elapsed)
     if not resumed:
         return
     p = clock.progress(state.step, state.tokens, state.elapsed)
     if p >= 1.0:
-        raise SystemExit(f"error: {run.ckpt_path} has spent its budget "
+        raise SystemExit(f"error: {out.ckpt_path} has spent its budget "
                          f"({clock.left(state.step, state.tokens, state.elapsed)} left); give a "
                          "larger one with --resume to extend the run")
     if budget_was:  # extended: the schedules read progress, which just went down
         state.next_eval = (math.floor(p / args.eval_every) + 1) * args.eval_every
-        run.say(f"resume: budget {budget_was} -> {flags.budget_text(args)}; progress is now "
+        out.say(f"resume: budget {budget_was} -> {flags.budget_text(args)}; progress is now "
                 f"{p:.1%}, so the learning rate, batch ramp and growth stages continue from there "
                 "(docs/train.md: extending a run)")
 
 
-def describe_run(run, net):
+def describe_run(net, args, hw, clock, out, stages):
     """The start-up lines: the model, the device, parameters and FLOPs, the batch, the memory."""
-    args, now = run.args, model.unwrap(net).config
+    now = model.unwrap(net).config
     flops_tok = model.flops_per_token(now)
-    growing = f"; growing to {model.count_params(run.cfg) / 1e6:.1f} M in {len(run.stages) - 1} " \
-        "stage(s)" if run.stages else ""
-    run.say(json.dumps({"model": now}, indent=None))
-    dtype, n, n_body = str(run.dtype).replace("torch.", ""), model.count_params(now), \
-        model.count_params(now, False)
-    run.say(f"device {run.device} ({dtype}), {run.world} process(es); {n / 1e6:.1f} M parameters "
+    growing = ""
+    if stages:
+        final = stages[-1]["config"]
+        growing = (f"; growing to {model.count_params(final) / 1e6:.1f} M in {len(stages) - 1} "
+                   "stage(s)")
+    out.say(json.dumps({"model": now}, indent=None))
+    dtype = str(hw.dtype).replace("torch.", "")
+    n, n_body = model.count_params(now), model.count_params(now, False)
+    out.say(f"device {hw.device} ({dtype}), {hw.world} process(es); {n / 1e6:.1f} M parameters "
             f"({n_body / 1e6:.1f} M without embeddings), {flops_tok / 1e6:.0f} MFLOP per token"
             f"{growing}")
     B, T = args.micro_batch, args.max_seq_len
-    accum = target_accumulation(args.batch_tokens, B * T * run.world)
-    run.say(f"global batch {accum * B * T * run.world:,} tokens = {B} sequences x {T} tokens x "
-            f"{run.world} rank(s) x {accum} accumulation steps (ramped over {args.batch_ramp:.0%} "
+    accum = target_accumulation(args.batch_tokens, B * T * hw.world)
+    out.say(f"global batch {accum * B * T * hw.world:,} tokens = {B} sequences x {T} tokens x "
+            f"{hw.world} rank(s) x {accum} accumulation steps (ramped over {args.batch_ramp:.0%} "
             "of the budget)")
-    if run.peak and run.clock.seconds:
-        tokens = run.clock.seconds * run.peak * planning.scaling.PLANNING_MFU / flops_tok
-        run.say(f"the budget should buy ~{tokens / 1e9:.2f} B tokens at "
-                f"{planning.scaling.PLANNING_MFU:.0%} MFU (peak {run.peak / 1e12:.0f} TFLOP/s)")
-    run.say(parallel.memory_text(now, run.world, args.shard, args.checkpoint_activations))
+    if hw.peak and clock.seconds:
+        tokens = clock.seconds * hw.peak * planning.scaling.PLANNING_MFU / flops_tok
+        out.say(f"the budget should buy ~{tokens / 1e9:.2f} B tokens at "
+                f"{planning.scaling.PLANNING_MFU:.0%} MFU (peak {hw.peak / 1e12:.0f} TFLOP/s)")
+    out.say(parallel.memory_text(now, hw.world, args.shard, args.checkpoint_activations))
     if args.shard == "fsdp":  # a collective: every rank reports what it holds
-        run.say(f"parameter bytes held by each rank after fully_shard: "
-                f"{parallel.bytes_per_rank(net, run.world)}")
-
-# -----------------------------------------------------------------------------
-# Growth: when the next stage is due, and growing to it
-
-def check_growth(run, state, net, p):
-    """--grow-when auto: one held-out point on this stage's curve, every --grow-check-every."""
-    every = run.args.grow_check_every
-    state.next_check = (math.floor(p / every) + 1) * every
-    losses = evaluate(run, net)
-    state.auto_points.append([state.flops, losses["val_loss"]])
-    log_eval(run, state, p, losses, growth_check=True)
-
-
-def growth_due(run, state, p):
-    """(due?, why): the next stage starts at its budget fraction, or (--grow-when auto) when
-    grow.auto_should_grow sees this stage's held-out loss flatten."""
-    args = run.args
-    if args.grow_when != "auto":
-        return p >= run.stages[state.stage + 1]["at"], "fraction"
-    return grow.auto_should_grow(state.auto_points, p, state.stage + 1, len(run.stages),
-                                 args.grow_slope)
-
-
-def grow_now(run, state, trained, p, why):
-    """Grow the model and optimizer (trained: the pair) to the next stage (grow.apply_stage), and
-    log the event with the held-out loss just before and just after. Returns (net, optimizer)."""
-    (net, optimizer), args = trained, run.args
-    state.stage += 1
-    # The loss just before and after shows what the operator cost: a function-preserving one
-    # (Net2Net, bert2BERT) changes it by float noise only, while a sequence-length step also
-    # changes the task
-    loss_before = evaluate(run, net)["val_loss"]
-    plain, optimizer, event = grow.apply_stage(
-        model.unwrap(net), optimizer, run.stages[state.stage],
-        lambda m: make_optimizer(m, args, run.device),
-        {"noise": args.grow_noise, "seed": args.seed, "policy": args.grow_optimizer,
-         "new_moments": args.grow_moments})
-    # compile and DDP must see the new shapes: wrap the grown model again
-    net = parallel.wrap(plain.to(run.device).train(), args, run.device, run.world)
-    loss_after = evaluate(run, net)["val_loss"]
-    state.stage_at, state.auto_points = p, [[state.flops, loss_after]]  # the new stage's curve
-    event = {"kind": "grow", "step": state.step, "tokens": state.tokens, "elapsed": state.elapsed,
-             "progress": p, **event, "val_loss_before": loss_before, "val_loss_after": loss_after,
-             "reason": why}
-    run.log(event)
-    run.say(f"grow at {p:.1%}: {event}")
-    return net, optimizer
+        out.say(f"parameter bytes held by each rank after fully_shard: "
+                f"{parallel.bytes_per_rank(net, hw.world)}")
 
 
 # -----------------------------------------------------------------------------
 # Evaluation: held-out loss, and a sample of what the model does
 
-@torch.no_grad()
-def evaluate(run, net, within_budget=False):
-    """{"val_loss": the mean held-out loss} over the same --eval-batches batches every time, at
-    the model's sequence length, averaged over ranks. A corpus mixture evaluates each source's
-    own val split; val_loss is then their mean weighted by the mixture, and
-    "val_loss_by_source" has each. within_budget: stop before a batch that would end past the
-    wall-clock deadline ("eval_batches" then says how many ran; None if not one fits)."""
-    plain, args = model.unwrap(net), run.args
-    T = plain.config["max_seq_len"]
-    names = [s["name"] for s in run.meta.get("sources", [])] or [None]  # None: the one corpus
-    if T not in run.held_out:
-        run.held_out[T] = {name: held_out_batches(run, name, T) for name in names}
-    was_training = plain.training
-    plain.eval()  # no dropout; eager and outside DDP (under FSDP: the sharded module itself)
-    total = torch.zeros(len(names), device=run.device)
-    amp, started, n = parallel.autocast(run.device, run.dtype), time.time(), args.eval_batches
-    for j in range(args.eval_batches):  # batch j of every source, so a cut keeps them even
-        if within_budget and not eval_batch_fits(run, (time.time() - started) / max(j, 1)):
-            n = j
-            break
-        for i, name in enumerate(names):
-            with amp():
-                total[i] += plain(**run.held_out[T][name][j])["loss"].float()
-    plain.train(was_training)
-    run.eval_seconds = (time.time() - started) / max(n, 1)  # per batch: the next cut's estimate
-    if n == 0:
-        return None
-    # each rank evaluated its own slice of the held-out batches: the mean over all of them
-    total = parallel.sum_over_ranks(total, run.world)
-    losses = [t / (n * run.world) for t in total.tolist()]
-    cut = {"eval_batches": n} if n < args.eval_batches else {}
-    if names == [None]:
-        return {"val_loss": losses[0], **cut}
-    weighted = sum(s["weight"] * loss for s, loss in zip(run.meta["sources"], losses))
-    return {"val_loss": weighted, "val_loss_by_source": dict(zip(names, losses)), **cut}
+class HeldOut:
+    """The held-out loss, on the same --eval-batches batches every time (read in order with a
+    fixed seed: the same masks in every run, so curves compare), at the model's sequence length,
+    averaged over ranks. A corpus mixture evaluates each source's own val split."""
 
+    def __init__(self, args, hw, meta, clock):
+        self.args, self.hw, self.meta, self.clock = args, hw, meta, clock
+        self.batches = {}     # {sequence length: {source: [batch]}}, read on first use
+        self.seconds = None   # seconds per held-out batch, the last measured
 
-def eval_batch_fits(run, seconds):
-    """Would one more held-out batch (seconds: as long as this evaluation's so far, or the last
-    evaluation's) end before the wall-clock deadline, on the slowest rank's clock? An evaluation
-    counts against the budget like everything after the start, so a slow one on a busy machine
-    is cut to the batches that fit rather than end the run late."""
-    if not run.clock.seconds:  # a step or token budget: evaluations cost none of it
-        return True
-    seconds = max(seconds, run.eval_seconds or 0.0)
-    elapsed, _ = parallel.agree_on_clock(run.clock.elapsed() + seconds, [], run.device, run.world)
-    return elapsed <= run.clock.seconds
+    def read(self, source, T):
+        """--eval-batches batches of source's val split (source None: the one corpus)."""
+        args, hw = self.args, self.hw
+        settings = {"objective": args.objective, "seed": 1234, "rank": hw.rank,
+                    "world_size": hw.world, "mask_rate": args.mask_rate}
+        loader = make_loader(self.meta, "val", settings, device=hw.device, prefetch=False,
+                             source=source)
+        return [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
 
+    @torch.no_grad()
+    def evaluate(self, net, within_budget=False):
+        """{"val_loss": the mean held-out loss}; for a mixture, val_loss is the mean weighted by
+        the mixture and "val_loss_by_source" has each. within_budget: stop before a batch that
+        would end past the wall-clock deadline ("eval_batches" then says how many ran; None if
+        not one fits)."""
+        plain, args, hw = model.unwrap(net), self.args, self.hw
+        T = plain.config["max_seq_len"]
+        names = [s["name"] for s in self.meta.get("sources", [])] or [None]  # None: one corpus
+        if T not in self.batches:
+            self.batches[T] = {name: self.read(name, T) for name in names}
+        was_training = plain.training
+        plain.eval()  # no dropout; eager and outside DDP (under FSDP: the sharded module itself)
+        total = torch.zeros(len(names), device=hw.device)
+        amp, started, n = parallel.autocast(hw.device, hw.dtype), time.time(), args.eval_batches
+        for j in range(args.eval_batches):  # batch j of every source, so a cut keeps them even
+            if within_budget and not self.batch_fits((time.time() - started) / max(j, 1)):
+                n = j
+                break
+            for i, name in enumerate(names):
+                with amp():
+                    total[i] += plain(**self.batches[T][name][j])["loss"].float()
+        plain.train(was_training)
+        self.seconds = (time.time() - started) / max(n, 1)  # per batch: the next cut's estimate
+        if n == 0:
+            return None
+        # each rank evaluated its own slice of the held-out batches: the mean over all of them
+        total = parallel.sum_over_ranks(total, hw.world)
+        losses = [t / (n * hw.world) for t in total.tolist()]
+        cut = {"eval_batches": n} if n < args.eval_batches else {}
+        if names == [None]:
+            return {"val_loss": losses[0], **cut}
+        weighted = sum(s["weight"] * loss for s, loss in zip(self.meta["sources"], losses))
+        return {"val_loss": weighted, "val_loss_by_source": dict(zip(names, losses)), **cut}
 
-def held_out_batches(run, source, T):
-    """--eval-batches batches of the val split read in order with a fixed seed: the same masks every
-    time and in every run, so curves compare."""
-    args = run.args
-    settings = {"objective": args.objective, "seed": 1234, "rank": run.rank,
-                "world_size": run.world, "mask_rate": args.mask_rate}
-    loader = make_loader(run.meta, "val", settings, device=run.device, prefetch=False,
-                         source=source)
-    return [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
+    def batch_fits(self, seconds):
+        """Would one more held-out batch (seconds: as long as this evaluation's so far, or the
+        last evaluation's) end before the wall-clock deadline, on the slowest rank's clock? An
+        evaluation counts against the budget like everything after the start, so a slow one on a
+        busy machine is cut to the batches that fit rather than end the run late."""
+        if not self.clock.seconds:  # a step or token budget: evaluations cost none of it
+            return True
+        seconds = max(seconds, self.seconds or 0.0)
+        elapsed, _ = parallel.agree_on_clock(self.clock.elapsed() + seconds, [], self.hw.device,
+                                             self.hw.world)
+        return elapsed <= self.clock.seconds
 
 
 def val_text(losses):
@@ -642,11 +682,10 @@ def val_text(losses):
     return f"{losses['val_loss']:.3f} ({each})" if each else f"{losses['val_loss']:.3f}"
 
 
-def log_eval(run, state, p, losses, elapsed=None, **extra):
-    """An 'eval' record in log.jsonl; elapsed defaults to the clock now (the step-0 evaluation runs
-    before the clock starts, the final one after it stopped)."""
-    elapsed = run.clock.elapsed() if elapsed is None else elapsed
-    run.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
+def log_eval(out, state, p, losses, elapsed, **extra):
+    """An 'eval' record in log.jsonl. elapsed: the clock's seconds (0 for the step-0 evaluation,
+    which runs before the clock starts)."""
+    out.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
              "elapsed": round(elapsed, 3), "progress": round(p, 5), **losses, **extra})
 
 
@@ -654,168 +693,165 @@ SAMPLE_TEXT = {"mlm": "To be, or not to [MASK], that is the question. I [MASK] y
                "clm": "To be, or not to be, that is"}
 
 
-def samples(run, net):
+def samples(net, enc, args, rank):
     """model.sample_line for --sample-text on rank 0, '' on the others. Under FSDP every rank runs
     the forward passes, with the root's tensors all-gathered for the whole call."""
-    plain, args = model.unwrap(net), run.args
+    plain = model.unwrap(net)
     text = args.sample_text or SAMPLE_TEXT[args.objective]
     text = text.lower() if args.lowercase else text  # as the corpus was cleaned
     if args.shard != "fsdp":
-        return model.sample_line(plain, run.enc, text, args.objective) if run.rank == 0 else ""
+        return model.sample_line(plain, enc, text, args.objective) if rank == 0 else ""
     plain.unshard()
     try:
-        line = model.sample_line(plain, run.enc, text, args.objective)
+        line = model.sample_line(plain, enc, text, args.objective)
     finally:
         plain.reshard()
-    return line if run.rank == 0 else ""
+    return line if rank == 0 else ""
 
 
 # -----------------------------------------------------------------------------
-# Logging, checkpoints and the finish
+# Progress, checkpoints and the finish
 
-class Speed:
-    """Tokens and FLOPs per second since the last log line, and once, ten steps after the first
-    (which compiles and warms up), the tokens the whole budget should buy at the measured rate."""
+class Progress:
+    """The progress bar (% of the budget, on rank 0), the 'train' records of log.jsonl, tokens and
+    FLOPs per second since the last of them, and once, ten steps after the first (which compiles
+    and warms up), the tokens the whole budget should buy at the measured rate."""
 
-    def __init__(self, state, resumed):
+    def __init__(self, state, clock, hw, out, resumed):
+        self.clock, self.hw, self.out = clock, hw, out
+        self.bar = tqdm(total=100, disable=hw.rank != 0, unit="%", desc="budget",
+                        dynamic_ncols=True,
+                        bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
         self.last = (time.time(), state.tokens, state.flops)
         self.first_step, self.warm, self.estimated = state.step + 1, None, resumed
 
-    def since_last_log(self, state):
-        """(tokens/s, FLOP/s) since the previous call; the next call measures from now."""
-        (then, tokens, flops), now = self.last, time.time()
-        self.last, seconds = (now, state.tokens, state.flops), max(now - then, 1e-9)
-        return (state.tokens - tokens) / seconds, (state.flops - flops) / seconds
-
-    def estimate(self, run, state):
-        if self.estimated or not run.clock.seconds:
+    def update(self, p, state):
+        """After every step: the bar moves to p, and the budget's estimate is said once."""
+        self.bar.update(round(100 * p, 1) - self.bar.n)
+        if self.estimated or not self.clock.seconds:
             return
         if state.step == self.first_step:
             self.warm = (time.time(), state.tokens)
         elif state.step >= self.first_step + 10:
             rate = (state.tokens - self.warm[1]) / (time.time() - self.warm[0])
-            left = max(run.clock.seconds - run.clock.elapsed(), 0.0)
-            run.say(f"measured {rate:,.0f} tokens/s: the budget should buy "
-                    f"~{state.tokens + rate * left:,.0f} tokens in all")
+            left = max(self.clock.seconds - self.clock.elapsed(), 0.0)
+            self.out.say(f"measured {rate:,.0f} tokens/s: the budget should buy "
+                         f"~{state.tokens + rate * left:,.0f} tokens in all")
             self.estimated = True
 
+    def log_step(self, state, p, step, lr, batch_tokens):
+        """A 'train' record in log.jsonl and the bar's text. step: train_step's result (its
+        grad_norm is read here, so only logged steps wait for the device for it)."""
+        (then, tokens, flops), now = self.last, time.time()
+        self.last, seconds = (now, state.tokens, state.flops), max(now - then, 1e-9)
+        tok_s, flop_s = (state.tokens - tokens) / seconds, (state.flops - flops) / seconds
+        grad_norm = step["grad_norm"].item() if step["grad_norm"] is not None else None
+        record = {"kind": "train", "step": state.step, "tokens": state.tokens,
+                  "elapsed": round(self.clock.elapsed(), 3), "progress": round(p, 5),
+                  "loss": step["loss"], "lr": lr, "batch_tokens": batch_tokens,
+                  "flops": state.flops, "tokens_per_s": round(tok_s), "grad_norm": grad_norm}
+        # MFU: model FLOPs per second over the peak (Chowdhery et al. 2022, App. B)
+        if self.hw.peak:
+            record["mfu"] = round(flop_s / (self.hw.peak * self.hw.world), 4)
+        self.out.log(record)
+        left = self.clock.left(state.step, state.tokens, self.clock.elapsed())
+        self.bar.set_postfix_str(f"loss {step['loss']:.3f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s, "
+                                 f"{left} left")
 
-def log_step(run, state, speed, bar, step):
-    """A 'train' record in log.jsonl and the progress bar's text. step: the step's
-    progress, loss, lr, batch_tokens and grad_norm (a tensor: read here, so only logged
-    steps wait for the device)."""
-    tok_s, flop_s = speed.since_last_log(state)
-    grad_norm = step["grad_norm"].item() if step["grad_norm"] is not None else None
-    record = {"kind": "train", "step": state.step, "tokens": state.tokens,
-              "elapsed": round(run.clock.elapsed(), 3), "progress": round(step["progress"], 5),
-              "loss": step["loss"], "lr": step["lr"], "batch_tokens": step["batch_tokens"],
-              "flops": state.flops, "tokens_per_s": round(tok_s), "grad_norm": grad_norm}
-    if run.peak:  # MFU: model FLOPs spent per second over the peak (Chowdhery et al. 2022, App. B)
-        record["mfu"] = round(flop_s / (run.peak * run.world), 4)
-    run.log(record)
-    left = run.clock.left(state.step, state.tokens, run.clock.elapsed())
-    bar.set_postfix_str(f"loss {step['loss']:.3f}, lr {step['lr']:.2e}, {tok_s:,.0f} tokens/s, "
-                        f"{left} left")
+    def close(self):
+        self.bar.close()
 
 
-def save_checkpoint(run, state, net, optimizer, loader):
+def save_checkpoint(net, optimizer, loader, state, *, clock, out):
     """Save the run with rank 0's state. Every rank calls it: under FSDP every rank writes its
     shards. A full disk costs this checkpoint, not the run: the previous one stays whole (each is
     written beside it and renamed over it), a warning says so, and training goes on, since
     stopping would lose the steps since the last checkpoint just the same."""
-    state.elapsed = run.clock.elapsed()
-    if run.rank == 0:  # resume cuts log.jsonl back to this size
-        state.log_bytes = os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0
+    state.elapsed = clock.elapsed()
+    if out.rank == 0:  # resume cuts log.jsonl back to this size
+        state.log_bytes = os.path.getsize(out.log_path) if os.path.exists(out.log_path) else 0
     try:
-        checkpoint.save(run.ckpt_path, net, optimizer, loader, asdict(state), run.rank)
+        checkpoint.save(out.ckpt_path, net, optimizer, loader, asdict(state), out.rank)
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
-        run.say(f"warning: {run.ckpt_path}: no space left on device at step {state.step}: this "
+        out.say(f"warning: {out.ckpt_path}: no space left on device at step {state.step}: this "
                 "checkpoint is not saved, the previous one is intact; training goes on")
 
 
-def save_final(run, net):
+def save_final(net, meta, out):
     """OUT/final: model.py's folder with the tokenizer and the data's meta.json beside the
     weights. A full disk here is one line: the checkpoint saved just before holds the weights."""
-    files = {"tokenizer.json": run.meta["tokenizer"],
-             "meta.json": os.path.join(run.meta["dir"], "meta.json")}
-    folder = os.path.join(run.args.out, "final")
+    extra = {"tokenizer.json": meta["tokenizer"],
+             "meta.json": os.path.join(meta["dir"], "meta.json")}
+    folder = os.path.join(out.folder, "final")
     try:
-        return checkpoint.save_final(folder, net, run.rank, files)
+        return checkpoint.save_final(folder, net, out.rank, extra)
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
         raise SystemExit(f"error: {folder}: no space left on device; the trained weights are in "
-                         f"{run.ckpt_path}: free some space, then export them from there") from None
+                         f"{out.ckpt_path}: free some space, then export them from there") from None
 
 
-def finish(run, state, net, optimizer, loader, status):
-    """Preempted: save and say how to resume. Diverged: the last good checkpoint goes to
-    final/, exit 1. Otherwise the final evaluation, checkpoint, final/, loss.png and
-    summary.json (also printed)."""
-    args, state.elapsed = run.args, run.clock.elapsed()
-    if status == "preempted":
-        save_checkpoint(run, state, net, optimizer, loader)
-        run.say(f"stopped by signal at step {state.step}: checkpoint saved to {run.ckpt_path}; "
-                "continue with --resume")
-        return {"status": status, **asdict(state)}
-    if status == "diverged":  # the weights in memory may hold NaN: final/ gets the last good ones
-        run.say(f"error: {args.max_bad_steps} non-finite losses in a row at step {state.step}")
-        if os.path.exists(run.ckpt_path):
-            good = checkpoint.load(run.ckpt_path)
-            save_final(run, checkpoint.restored_model(good, net, optimizer))
-            run.say(f"restored the last good checkpoint (step {good['state']['step']}) into "
-                    f"{args.out}/final; lower --lr or raise --clip, then --resume")
-        raise SystemExit(1)
+def stop_diverged(net, optimizer, state, args, meta, out):
+    """--max-bad-steps non-finite losses in a row: the weights in memory may hold NaN, so final/
+    gets the last good checkpoint's, and the run exits with status 1."""
+    out.say(f"error: {args.max_bad_steps} non-finite losses in a row at step {state.step}")
+    if os.path.exists(out.ckpt_path):
+        good = checkpoint.load(out.ckpt_path)
+        save_final(checkpoint.restored_model(good, net, optimizer), meta, out)
+        out.say(f"restored the last good checkpoint (step {good['state']['step']}) into "
+                f"{out.folder}/final; lower --lr or raise --clip, then --resume")
+    raise SystemExit(1)
 
-    # ---- the budget is spent: the checkpoint first (a later --resume with a larger budget extends
-    # the run, and an evaluation that dies loses nothing), then one last evaluation, final/ for
-    # evaluate_glue.py and evaluate_lm.py, the plot and the summary. Every rank saves: under FSDP
-    # each writes its shards, and takes part in gathering the weights
-    save_checkpoint(run, state, net, optimizer, loader)
-    losses = evaluate(run, net)
-    summary = run_summary(run, state, status, losses["val_loss"], model.unwrap(net).config)
+
+def finish(net, loader, state, status, *, args, hw, held_out, meta, enc, out):
+    """The budget is spent (the checkpoint is saved): one last evaluation, final/ for
+    evaluate_glue.py and evaluate_lm.py, loss.png and summary.json (also printed). Every rank
+    calls it: under FSDP each takes part in gathering the weights."""
+    losses = held_out.evaluate(net)
+    summary = run_summary(state, status, losses["val_loss"], model.unwrap(net).config,
+                          args=args, hw=hw, meta=meta)
     if "val_loss_by_source" in losses:  # a mixture: each source's loss, and how often it was read
         summary.update(val_loss_by_source=losses["val_loss_by_source"],
                        epochs_by_source=loader.epochs())
-    if run.peak:  # as log_step's
-        summary["mfu"] = round(state.flops / max(state.elapsed, 1e-9) / (run.peak * run.world), 4)
-    log_eval(run, state, 1.0, losses, elapsed=state.elapsed)
-    summary["final"] = save_final(run, net)
-    sample = samples(run, net)
-    if run.rank == 0:
-        summary["plot"] = scaling.plot_losses(run.log_path, os.path.join(args.out, "loss.png"))
+    if hw.peak:  # as Progress.log_step's
+        summary["mfu"] = round(state.flops / max(state.elapsed, 1e-9) / (hw.peak * hw.world), 4)
+    log_eval(out, state, 1.0, losses, elapsed=state.elapsed)
+    summary["final"] = save_final(net, meta, out)
+    sample = samples(net, enc, args, hw.rank)
+    if hw.rank == 0:
+        summary["plot"] = scaling.plot_losses(out.log_path, os.path.join(args.out, "loss.png"))
         print(sample)
-        model.atomic_write(os.path.join(args.out, "summary.json"),
+        files.atomic_write(os.path.join(args.out, "summary.json"),
                            lambda f: f.write(json.dumps(summary, indent=2).encode()))
         print(summary_text(summary))
     return summary
 
 
-def run_summary(run, state, status, val, cfg):
+def run_summary(state, status, val, cfg, *, args, hw, meta):
     """summary.json's numbers: what was trained (cfg: the final shape), how long, how fast, and the
     final held-out loss."""
-    args, seconds = run.args, max(state.elapsed, 1e-9)
+    seconds = max(state.elapsed, 1e-9)
     return {"status": status, "steps": state.step, "tokens": state.tokens, "model": args.model,
             "batch_tokens": args.batch_tokens, "elapsed_s": round(state.elapsed, 2),
             "flops": state.flops, "tokens_per_s": round(state.tokens / seconds),
             "final_val_loss": val, "params": model.count_params(cfg, embeddings=False),
             "params_total": model.count_params(cfg),
             "flops_per_token": model.flops_per_token(cfg), "skipped_steps": state.skipped_steps,
-            "world_size": run.world, "device": str(run.device),
-            "dtype": str(run.dtype).replace("torch.", ""), "out": args.out,
-            # what the held-out loss depends on besides N and D: scaling.py fits only
-            # runs that agree
-            "comparable": {"data": os.path.basename(run.meta["dir"]),
+            "world_size": hw.world, "device": str(hw.device),
+            "dtype": str(hw.dtype).replace("torch.", ""), "out": args.out,
+            # what the held-out loss depends on besides N and D: scaling.py fits only runs that
+            # agree
+            "comparable": {"data": os.path.basename(meta["dir"]),
                            "vocab_size": cfg["vocab_size"], "objective": args.objective,
-                           "seq_len": cfg["max_seq_len"],
-                           "mask_rate": args.mask_rate}}
+                           "seq_len": cfg["max_seq_len"], "mask_rate": args.mask_rate}}
 
 
 def summary_text(summary):
-    """The printed summary: 'key: value' lines, floats to 4 significant digits (the
-    JSON keeps all)."""
+    """The printed summary: 'key: value' lines, floats to 4 significant digits (the JSON keeps
+    all)."""
     def shown(v):
         if isinstance(v, dict):
             return "{" + ", ".join(f"{k}: {shown(x)}" for k, x in v.items()) + "}"

@@ -1,18 +1,20 @@
 """Mini-cram, side by side: our recipe (train.py) against a Hugging Face baseline (ModernBERT by
 default, or BERT) with a tuned learning rate, each given the same wall clock on the same data.
 
-    python bench/bench_cram.py                                   # sample corpus, 4 x 128, 3 CPU minutes per run
+    python bench/bench_cram.py                      # sample corpus, 4 x 128, 3 CPU minutes per run
     python bench/bench_cram.py --minutes 10 --seeds 3 --out runs/bench_cram
-    python bench/bench_cram.py --baseline bert         # against BertForMaskedLM, BERT's own sweep
-    python bench/bench_cram.py --hf-schedule wsd       # ModernBERT with its warmup-stable-decay
+    python bench/bench_cram.py --baseline bert      # against BertForMaskedLM, BERT's own sweep
+    python bench/bench_cram.py --hf-schedule wsd    # ModernBERT with its warmup-stable-decay
     python bench/bench_cram.py --data corpus.jsonl --ours-flags "--lr 2e-3 --schedule one-cycle"
-    python bench/bench_cram.py --analyze-only --out runs/bench_cram          # re-print results.json, redraw curves
-    python bench/bench_cram.py --minutes 0.15 --vocab-size 512 --n-layers 2 --d-model 64 --ffn-dim 256 \
-        --max-seq-len 64 --micro-batch 8 --batch-tokens 1024 --eval-batches 4 --hf-lrs 1e-3,3e-3 --threads 1 \
-        --no-downstream --out runs/bench_smoke                       # a smoke run: ~35 s on a busy 2-core CPU
+    python bench/bench_cram.py --analyze-only --out runs/bench_cram  # report and curves.png again
+    python bench/bench_cram.py --minutes 0.15 --vocab-size 512 --n-layers 2 --d-model 64 \
+        --ffn-dim 256 --max-seq-len 64 --micro-batch 8 --batch-tokens 1024 \
+        --eval-batches 4 --hf-lrs 1e-3,3e-3 --threads 1 --no-downstream \
+        --out runs/bench_smoke                      # a smoke run: ~35 s on a busy 2-core CPU
 
-What is compared. (1) Ours: train.main with the shape flags, --minutes and --ours-flags; everything else is
-train.py's default recipe (pre-LN crammed-BERT block, sparse MLM, budget triangle, batch ramp).
+What is compared. (1) Ours: train.main with the shape flags, --minutes and --ours-flags;
+everything else is train.py's default recipe (pre-LN crammed-BERT block, sparse MLM, budget
+triangle, batch ramp).
 (2) The baseline (--baseline): `ModernBertForMaskedLM` (default; bench_model.hf_modernbert:
 pre-LN, GeGLU of our gated width, rotary, every layer global, sparse prediction, no biases) or
 `BertForMaskedLM` (bench_model.hf_bert: post-LN, learned positions, GELU feed-forward, dense MLM
@@ -21,59 +23,66 @@ head), of the same depth, width, heads and vocabulary, trained once per learning
 wall clock; the best HF learning rate by final held-out loss is the baseline.
 
 Why it is fair (a comparison counts only if the baseline had a fair chance):
-  - data: the same tokenizer, the same training stream (loader.make_loader, train split, same seed) and the same
-    masks: HF gets dense labels (-100 elsewhere) scattered from our sparse labels, so both predict the same
-    tokens at the same positions (ModernBERT's sparse head keeps exactly the positions whose label
-    is not -100). Held-out loss is measured the same way for both (train.evaluate's batches:
-    the val split in order, seed 1234, --eval-batches x --micro-batch sequences) at the same fractions of the
-    budget (every 10%), and evaluation time counts against both clocks; the final evaluation is outside both.
-  - recipe: HF gets the standard BERT/RoBERTa recipe, not a strawman: AdamW betas (0.9, 0.98), eps 1e-6,
-    weight decay 0.01 except on biases and norms, clipping at 1.0, 6% warm-up then linear decay to zero as a
-    function of elapsed / budget (fully decayed at the deadline, as ours is), a fixed batch of --batch-tokens
-    by accumulation, and a sweep over learning rates. --hf-schedule wsd swaps in ModernBERT's
-    schedule (6% warm-up, constant, 1-sqrt decay to zero over the last 20%); the optimizer and
-    weight decay stay. Dropout is 0 for both (cramming pretrains without it).
-    Like train.py, HF checks the clock before every micro-batch, so neither runs past the deadline by more than
-    one micro-batch.
+  - data: the same tokenizer, the same training stream (loader.make_loader, train split, same
+    seed) and the same masks: HF gets dense labels (-100 elsewhere) scattered from our sparse
+    labels, so both predict the same tokens at the same positions (ModernBERT's sparse head keeps
+    exactly the positions whose label is not -100). Held-out loss is measured the same way for
+    both (train.HeldOut's batches: the val split in order, seed 1234, --eval-batches x
+    --micro-batch sequences) at the same fractions of the budget (every 10%), and evaluation time
+    counts against both clocks; the final evaluation is outside both.
+  - recipe: HF gets the standard BERT/RoBERTa recipe, not a strawman: AdamW betas (0.9, 0.98),
+    eps 1e-6, weight decay 0.01 except on biases and norms, clipping at 1.0, 6% warm-up then
+    linear decay to zero as a function of elapsed / budget (fully decayed at the deadline, as ours
+    is), a fixed batch of --batch-tokens by accumulation, and a sweep over learning rates.
+    --hf-schedule wsd swaps in ModernBERT's schedule (6% warm-up, constant, 1-sqrt decay to zero
+    over the last 20%); the optimizer and weight decay stay. Dropout is 0 for both (cramming
+    pretrains without it). Like train.py, HF checks the clock before every micro-batch, so neither
+    runs past the deadline by more than one micro-batch.
   - size: --ffn-dim is a GELU FFN's width, BERT's intermediate width. Our gated FFN (geglu) has
     3 d f weights against BERT's 2 d I, so ours gets f = 2 I / 3 rounded to a multiple of 32
     (I = 512 -> f = 352): 1.33 M parameters against BERT's 1.36 M at the default shape
     (model.count_params; BERT additionally has biases, a learned position table and an MLM
     transform). ModernBERT's GeGLU gets our f (its Wi is d x 2f): 1.34 M (its MLM transform's
     d x d, less our norms' biases). Give --ours-flags "--ffn-dim N" to choose ours yourself.
-  - machine: runs execute one at a time in one process, alternating per seed (ours, HF lr 1, HF lr 2, ...),
-    on the same device and autocast dtype and the same torch thread count (--threads). Load from other
-    processes still adds noise: compare tokens/s across the HF runs, which train the same model.
---ours-flags that change data, shape, batch or evaluation (--max-seq-len, --micro-batch, --batch-tokens, --mask-rate,
---eval-batches, --device, --dtype, --compile) apply to HF too, so both always see the same batches; recipe flags
-(--lr, --schedule, --batch-ramp, --clip, ...) apply to ours only.
+  - machine: runs execute one at a time in one process, alternating per seed (ours, HF lr 1, HF
+    lr 2, ...), on the same device and autocast dtype and the same torch thread count
+    (--threads). Load from other processes still adds noise: compare tokens/s across the HF runs,
+    which train the same model.
+--ours-flags that change data, shape, batch or evaluation (--max-seq-len, --micro-batch,
+--batch-tokens, --mask-rate, --eval-batches, --device, --dtype, --compile) apply to HF too, so
+both always see the same batches; recipe flags (--lr, --schedule, --batch-ramp, --clip, ...) apply
+to ours only.
 
-What is reported: loss at equal time (each run's final held-out loss, all with the same budget); the
-time-to-loss speedup, (best HF run's seconds to reach its own final loss) / (our seconds to reach that loss),
-with linear interpolation between evaluations ("not reached" if ours never gets there); and the same in tokens,
-so throughput (tokens/s; BERT's dense MLM head scores all T positions, ours and ModernBERT's
-only the masked 25%) and recipe (loss per token) can be told apart. Output in --out: results.json,
-curves.png (if matplotlib is installed), ours_seed*/ (train.py's run folders).
+What is reported: loss at equal time (each run's final held-out loss, all with the same budget);
+the time-to-loss speedup, (best HF run's seconds to reach its own final loss) / (our seconds to
+reach that loss), with linear interpolation between evaluations ("not reached" if ours never gets
+there); and the same in tokens, so throughput (tokens/s; BERT's dense MLM head scores all T
+positions, ours and ModernBERT's only the masked 25%) and recipe (loss per token) can be told
+apart. Output in --out: results.json, curves.png (if matplotlib is installed), ours_seed*/
+(train.py's run folders).
 
-Downstream check (skip with --no-downstream; --downstream-only reruns it on OUT's checkpoint): seed 0's
-pretrained model against the same network from random initialization (save_random_init), both fine-tuned with
-evaluate_glue.py's protocol except 3 epochs, lr 1e-3 and the median of 3 seeds (--downstream-epochs/-lr/-seeds),
-on two tasks built from the bundled corpus, lines of at least 6 spoken words, train and dev lines from disjoint
-contiguous blocks of each play (3,000 train / 600 dev rows, balanced classes):
-  - "word order" (CoLA-like): a line as written, or its words shuffled. Lines from the three plays data.py holds
-    out of pretraining (HELD_OUT_PLAYS), so pretraining on --data sample saw neither version. Both classes have
-    the same words: a bag-of-words model is at chance (50%) by construction.
-  - "plays": which of six plays a line is from (chance 17%). A lexical task: a bag-of-words logistic regression
-    (bag_of_words_accuracy, printed beside the two networks) gets about 29%; with --data sample the pretraining
-    text contains these lines (unlabelled).
+Downstream check (skip with --no-downstream; --downstream-only reruns it on OUT's checkpoint):
+seed 0's pretrained model against the same network from random initialization
+(save_random_init), both fine-tuned with evaluate_glue.py's protocol except 3 epochs, lr 1e-3 and
+the median of 3 seeds (--downstream-epochs/-lr/-seeds), on two tasks built from the bundled
+corpus, lines of at least 6 spoken words, train and dev lines from disjoint contiguous blocks of
+each play (3,000 train / 600 dev rows, balanced classes):
+  - "word order" (CoLA-like): a line as written, or its words shuffled. Lines from the three plays
+    data.py holds out of pretraining (HELD_OUT_PLAYS), so pretraining on --data sample saw neither
+    version. Both classes have the same words: a bag-of-words model is at chance (50%) by
+    construction.
+  - "plays": which of six plays a line is from (chance 17%). A lexical task: a bag-of-words
+    logistic regression (bag_of_words_accuracy, printed beside the two networks) gets about 29%;
+    with --data sample the pretraining text contains these lines (unlabelled).
 
-    python evaluate_glue.py --checkpoint OUT/ours_seed0/final --task-file "OUT/downstream/word order/train.tsv" \
-        --task-dev-file "OUT/downstream/word order/dev.tsv" --seeds 3 --epochs 3 --lr 1e-3 --no-progress \
-        --out "OUT/downstream/word order/pretrained"
+    python evaluate_glue.py --checkpoint OUT/ours_seed0/final \
+        --task-file "OUT/downstream/word order/train.tsv" \
+        --task-dev-file "OUT/downstream/word order/dev.tsv" --seeds 3 --epochs 3 --lr 1e-3 \
+        --no-progress --out "OUT/downstream/word order/pretrained"
     (the same with --checkpoint OUT/downstream/random_init, and with the plays task)
 
-The tasks always use the bundled Shakespeare corpus and the run's own tokenizer, so they work after pretraining
-on any corpus.
+The tasks always use the bundled Shakespeare corpus and the run's own tokenizer, so they work
+after pretraining on any corpus.
 Needs `pip install transformers` (benchmark only; not with --skip-hf).
 """
 import argparse
@@ -95,16 +104,18 @@ import torch
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
-sys.path[:0] = [ROOT, BENCH]  # the project's modules and bench_model.py, also when imported from tests
+# The project's modules and bench_model.py, also when imported from tests.
+sys.path[:0] = [ROOT, BENCH]
+import bench_model  # noqa: E402
 import budget  # noqa: E402
+import files  # noqa: E402
 import flags  # noqa: E402
 import model  # noqa: E402
 import parallel  # noqa: E402
 import planning  # noqa: E402
 import train  # noqa: E402
-from loader import make_loader  # noqa: E402
 from bench_model import BASELINES, hf_attention, hf_baseline, modernbert_intermediate  # noqa: E402
-import bench_model  # noqa: E402
+from loader import make_loader  # noqa: E402
 
 EVAL_EVERY = 0.1          # held-out evaluations at every tenth of the budget, for both models
 HF_WARMUP = 0.06          # fraction of the budget
@@ -124,9 +135,11 @@ HF_SCHEDULES = {"linear": f"{HF_WARMUP:.0%} warm-up, then linear to 0 at the dea
                 # the recipe lever: our own schedule given to the baseline
                 "triangle": "train.py's budget triangle, min(0.25 + p, 4 (1 - p)) of the peak"}
 CORPUS = os.path.join(ROOT, "corpora", "shakespeare.jsonl.gz")
-PLAYS = ("hamlet", "macbeth", "romeo and juliet", "tempest", "midsummer nights dream", "julius caesar")
-# data.py sends every round(1 / val_fraction)-th document to the validation split: at its default 0.05 these
-# are documents 0, 20 and 40 of the bundled corpus, which pretraining on --data sample never sees.
+PLAYS = ("hamlet", "macbeth", "romeo and juliet", "tempest", "midsummer nights dream",
+         "julius caesar")
+# data.py sends every round(1 / val_fraction)-th document to the validation split; at the default
+# val_fraction of 0.05 these are documents 0, 20 and 40 of the bundled corpus, which pretraining
+# on --data sample never sees.
 HELD_OUT_PLAYS = ("alls well that ends well", "measure for measure", "two gentlemen of verona")
 
 # -----------------------------------------------------------------------------
@@ -134,47 +147,60 @@ HELD_OUT_PLAYS = ("alls well that ends well", "measure for measure", "two gentle
 
 
 def ours_ffn_dim(hf_intermediate, activation):
-    """Our FFN width with about the weights (and FLOPs) of HF's GELU FFN of width hf_intermediate: a gated FFN
-    has an up-projection d x 2f and a down-projection f x d (3 d f weights) against HF's 2 d I."""
+    """Our FFN width with about the weights (and FLOPs) of HF's GELU FFN of width hf_intermediate:
+    a gated FFN has an up-projection d x 2f and a down-projection f x d (3 d f weights) against
+    HF's 2 d I."""
     if activation not in model.GATED:
         return hf_intermediate
     return max(32, round(2 * hf_intermediate / 3 / 32) * 32)
 
 
 def ours_argv(args, seed, out):
-    """train.py's command line for our run: the base preset's block (train.py's "auto" would pick a preset by
-    budget) at the bench's shape. --ours-flags come last, so they win over everything before them."""
+    """train.py's command line for our run: the base preset's block (train.py's "auto" would pick
+    a preset by budget) at the bench's shape. --ours-flags come last, so they win over everything
+    before them."""
     extra = shlex.split(args.ours_flags)
-    probe = flags.parse_args(["--max-steps", "1", "--model", "base", "--max-seq-len", str(args.max_seq_len), *extra])
+    probe = flags.parse_args(["--max-steps", "1", "--model", "base",
+                              "--max-seq-len", str(args.max_seq_len), *extra])
     activation = planning.model_config(probe, args.vocab_size)["activation"]
-    return ["--data", args.data, "--cache", args.cache, "--vocab-size", str(args.vocab_size), "--model", "base",
-            "--n-layers", str(args.n_layers), "--d-model", str(args.d_model), "--n-heads", str(args.n_heads),
-            "--ffn-dim", str(ours_ffn_dim(args.ffn_dim, activation)), "--max-seq-len", str(args.max_seq_len),
+    return ["--data", args.data, "--cache", args.cache,
+            "--vocab-size", str(args.vocab_size), "--model", "base",
+            "--n-layers", str(args.n_layers), "--d-model", str(args.d_model),
+            "--n-heads", str(args.n_heads),
+            "--ffn-dim", str(ours_ffn_dim(args.ffn_dim, activation)),
+            "--max-seq-len", str(args.max_seq_len),
             "--micro-batch", str(args.micro_batch), "--batch-tokens", str(args.batch_tokens),
             "--eval-batches", str(args.eval_batches), "--minutes", str(args.minutes),
             "--eval-every", str(EVAL_EVERY), "--seed", str(seed), "--out", out,
-            "--log-every", "10", "--checkpoint-minutes", "1e9", "--force", *extra]  # a fresh run, never a resume
+            "--log-every", "10", "--checkpoint-minutes", "1e9",
+            "--force",  # a fresh run, never a resume
+            *extra]
 
 
 # -----------------------------------------------------------------------------
-# The two kinds of run. A curve is a list of {"elapsed", "tokens", "val_loss"}, one per held-out evaluation.
+# The two kinds of run.
+# A curve is a list of {"elapsed", "tokens", "val_loss"}, one per held-out evaluation.
 
 
 def read_curve(log_path):
-    """The held-out evaluations of a train.py log; a repeated token count (the final evaluation right after
-    the last periodic one) keeps the later point."""
+    """The held-out evaluations of a train.py log; a repeated token count (the final evaluation
+    right after the last periodic one) keeps the later point."""
     with open(log_path) as f:
         evals = [r for r in map(json.loads, f) if r["kind"] == "eval"]
-    curve = [{"elapsed": r["elapsed"], "tokens": r["tokens"], "val_loss": r["val_loss"]} for r in evals]
-    return [p for i, p in enumerate(curve) if i + 1 == len(curve) or curve[i + 1]["tokens"] > p["tokens"]]
+    curve = [{"elapsed": r["elapsed"], "tokens": r["tokens"], "val_loss": r["val_loss"]}
+             for r in evals]
+    return [p for i, p in enumerate(curve)
+            if i + 1 == len(curve) or curve[i + 1]["tokens"] > p["tokens"]]
 
 
 def run_ours(args, seed):
     out = os.path.join(args.out, f"ours_seed{seed}")
     summary = train.main(ours_argv(args, seed, out))
     return {"model": "ours", "seed": seed, "lr": None, "status": summary["status"],
-            "curve": read_curve(os.path.join(out, "log.jsonl")), "final_loss": summary["final_val_loss"],
-            "tokens": summary["tokens"], "elapsed": summary["elapsed_s"], "tokens_per_s": summary["tokens_per_s"],
+            "curve": read_curve(os.path.join(out, "log.jsonl")),
+            "final_loss": summary["final_val_loss"],
+            "tokens": summary["tokens"], "elapsed": summary["elapsed_s"],
+            "tokens_per_s": summary["tokens_per_s"],
             "params": summary["params_total"], "out": out}
 
 
@@ -201,20 +227,22 @@ def hf_lr_multiplier(p, schedule="linear"):
 
 
 def dense_labels(batch):
-    """Our sparse (B, k) labels at (B, k) positions -> the (B, T) labels with -100 elsewhere that HF expects."""
+    """Our sparse (B, k) labels at (B, k) positions -> HF's dense (B, T) labels, -100 elsewhere."""
     labels = torch.full_like(batch["input_ids"], -100)
     return labels.scatter(1, batch["label_positions"], batch["labels"])
 
 
 def hf_loss(net, batch, dtype):
-    with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype != torch.float32):
+    device_type = batch["input_ids"].device.type
+    with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
         return net(input_ids=batch["input_ids"], labels=dense_labels(batch)).loss.float()
 
 
 @torch.no_grad()
 def hf_evaluate(net, meta, s, device, dtype):
-    """Mean held-out loss on exactly train.evaluate's batches: the val split in order, seed 1234."""
-    loader = make_loader(meta, "val", {"seed": 1234, "mask_rate": s.mask_rate}, device=device, prefetch=False)
+    """Mean held-out loss on exactly train.HeldOut's batches: the val split in order, seed 1234."""
+    loader = make_loader(meta, "val", {"seed": 1234, "mask_rate": s.mask_rate}, device=device,
+                         prefetch=False)
     net.eval()
     total = sum(hf_loss(net, loader.next_batch(s.micro_batch, s.max_seq_len), dtype).item()
                 for _ in range(s.eval_batches))
@@ -232,14 +260,18 @@ def run_hf(s, meta, arm, lr, seed):
     net = hf_baseline(arm["baseline"], arm["cfg"], arm["intermediate"],
                       attention=hf_attention(device, dtype)).to(device).train()
     params = [p for p in net.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
-                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                                  lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
     loader = make_loader(meta, "train", {"seed": seed, "mask_rate": s.mask_rate}, device=device)
     run_net = torch.compile(net, dynamic=False) if s.compile else net
-    accum = max(1, round(s.batch_tokens / (s.micro_batch * s.max_seq_len)))  # train.py's target accumulation
-    # train.py's clock (from after model, optimizer and loader are built) and its hard deadline
-    clock = budget.Budget(argparse.Namespace(**{**vars(s), "max_steps": None, "max_tokens": None}))  # time only
+    # train.py's target accumulation.
+    accum = max(1, round(s.batch_tokens / (s.micro_batch * s.max_seq_len)))
+    # train.py's clock (from after model, optimizer and loader are built) and its hard deadline,
+    # on time only.
+    time_only = argparse.Namespace(**{**vars(s), "max_steps": None, "max_tokens": None})
+    clock = budget.Budget(time_only)
     state = train.RunState()
     curve, status, next_eval = [], "budget spent", EVAL_EVERY
     while True:
@@ -250,11 +282,13 @@ def run_hf(s, meta, arm, lr, seed):
             group["lr"] = lr * hf_lr_multiplier(p, arm["schedule"])
         loss_sum, done, micro_seconds = torch.zeros((), device=device), 0, 0.0
         for micro in range(accum):
-            last = micro == accum - 1 or (micro > 0 and budget.ends_past_deadline(clock, state, device, 1, micro_seconds))
+            last = micro == accum - 1 or (
+                micro > 0 and budget.ends_past_deadline(clock, state, device, 1, micro_seconds))
             started = time.time()
             loss = hf_loss(run_net, loader.next_batch(s.micro_batch, s.max_seq_len), dtype)
             (loss / accum).backward()
-            loss_sum, done, micro_seconds = loss_sum + loss.detach(), done + 1, time.time() - started
+            loss_sum, done = loss_sum + loss.detach(), done + 1
+            micro_seconds = time.time() - started
             if last:
                 break
         if not math.isfinite(loss_sum.item()):  # diverged (too high a rate); one GPU wait per step
@@ -266,19 +300,23 @@ def run_hf(s, meta, arm, lr, seed):
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        state.step, state.tokens = state.step + 1, state.tokens + done * s.micro_batch * s.max_seq_len
+        state.step += 1
+        state.tokens += done * s.micro_batch * s.max_seq_len
         if p >= next_eval:  # the same rule as train.py: the first step that starts past the mark
             next_eval += EVAL_EVERY
             val = hf_evaluate(net, meta, s, device, dtype)
-            curve.append({"elapsed": round(clock.elapsed(), 3), "tokens": state.tokens, "val_loss": val})
+            curve.append({"elapsed": round(clock.elapsed(), 3), "tokens": state.tokens,
+                          "val_loss": val})
     elapsed, tokens = clock.elapsed(), state.tokens
-    final = hf_evaluate(net, meta, s, device, dtype) if status != "diverged" else None  # outside the clock
-    curve = [q for q in curve if q["tokens"] < tokens]  # an evaluation of these very weights is replaced by it
+    # The final evaluation, outside the clock, replaces an evaluation of these very weights.
+    final = hf_evaluate(net, meta, s, device, dtype) if status != "diverged" else None
+    curve = [q for q in curve if q["tokens"] < tokens]
     if final is not None:
         curve.append({"elapsed": round(elapsed, 3), "tokens": tokens, "val_loss": final})
     return {"model": "hf", "baseline": arm["baseline"], "seed": seed, "lr": lr, "status": status,
             "curve": curve, "final_loss": final,
-            "tokens": tokens, "elapsed": round(elapsed, 2), "tokens_per_s": round(tokens / max(elapsed, 1e-9)),
+            "tokens": tokens, "elapsed": round(elapsed, 2),
+            "tokens_per_s": round(tokens / max(elapsed, 1e-9)),
             "params": sum(q.numel() for q in net.parameters()), "out": None}
 
 
@@ -288,10 +326,12 @@ def isolated_steps(s, arm, device, with_hf, steps=20):
     the two alternating: what the loops' tokens/s are measured against (loop / step)."""
     dtype = parallel.autocast_dtype(s.dtype, device)
     batch = bench_model.make_batch(arm["cfg"], s.micro_batch, device)
-    steppers = {"ours": bench_model.make_stepper(*bench_model.ours(arm["cfg"], device, s.compile), device, dtype)}
+    ours = bench_model.ours(arm["cfg"], device, s.compile)
+    steppers = {"ours": bench_model.make_stepper(*ours, device, dtype)}
     if with_hf:
-        net, step = bench_model.huggingface(arm["cfg"], device, arm["baseline"], hf_attention(device, dtype),
-                                            s.compile, arm["intermediate"])
+        net, step = bench_model.huggingface(arm["cfg"], device, arm["baseline"],
+                                            hf_attention(device, dtype), s.compile,
+                                            arm["intermediate"])
         steppers["hf"] = bench_model.make_stepper(net, step, device, dtype)
     seconds = bench_model.time_alternating(steppers, batch, steps)
     return {who: round(batch["ids"].numel() / t) for who, t in seconds.items()}
@@ -302,8 +342,9 @@ def isolated_steps(s, arm, device, with_hf, steps=20):
 
 
 def time_to_loss(curve, target, key="elapsed"):
-    """The first `key` (elapsed or tokens) at which the curve reaches loss <= target, interpolating linearly
-    between evaluations; the first evaluation's value if it is already below; None if never reached."""
+    """The first `key` (elapsed or tokens) at which the curve reaches loss <= target, interpolating
+    linearly between evaluations; the first evaluation's value if it is already below; None if
+    never reached."""
     prev = None
     for q in curve:
         if q["val_loss"] is not None and q["val_loss"] <= target:
@@ -320,8 +361,9 @@ def ratio(a, b):
 
 
 def compare(ours, hf):
-    """Our curve against an HF curve: final losses (equal time, as both ran the same budget), and the seconds
-    and tokens each needed to reach HF's own final loss, with their ratios (HF / ours; > 1: ours is faster)."""
+    """Our curve against an HF curve: final losses (equal time, as both ran the same budget), and
+    the seconds and tokens each needed to reach HF's own final loss, with their ratios
+    (HF / ours; > 1: ours is faster)."""
     target = hf[-1]["val_loss"]
     hf_s, ours_s = time_to_loss(hf, target), time_to_loss(ours, target)
     hf_n, ours_n = time_to_loss(hf, target, "tokens"), time_to_loss(ours, target, "tokens")
@@ -331,8 +373,9 @@ def compare(ours, hf):
 
 
 def analyze(runs):
-    """The HF baseline (the learning rate with the lowest mean final loss over seeds) and, per seed, ours
-    against it; speedups are summarized by their median over the seeds where ours reached HF's loss."""
+    """The HF baseline (the learning rate with the lowest mean final loss over seeds) and, per
+    seed, ours against it; speedups are summarized by their median over the seeds where ours
+    reached HF's loss."""
     hf_by_lr = {}
     for r in runs:
         if r["model"] == "hf":
@@ -340,12 +383,14 @@ def analyze(runs):
     mean_loss = {lr: statistics.mean(r["final_loss"] for r in rs) for lr, rs in hf_by_lr.items()
                  if all(r["final_loss"] is not None for r in rs)}
     best_lr = min(mean_loss, key=mean_loss.get) if mean_loss else None
-    result = {"hf_mean_final_loss": {str(lr): v for lr, v in mean_loss.items()}, "best_lr": best_lr, "per_seed": []}
+    result = {"hf_mean_final_loss": {str(lr): v for lr, v in mean_loss.items()},
+              "best_lr": best_lr, "per_seed": []}
     for ours in (r for r in runs if r["model"] == "ours"):
         hf = [r for r in hf_by_lr.get(best_lr, []) if r["seed"] == ours["seed"]]
         if hf:
-            result["per_seed"].append({"seed": ours["seed"], **compare(ours["curve"], hf[0]["curve"]),
-                                       "throughput_ratio": ratio(ours["tokens_per_s"], hf[0]["tokens_per_s"])})
+            result["per_seed"].append({
+                "seed": ours["seed"], **compare(ours["curve"], hf[0]["curve"]),
+                "throughput_ratio": ratio(ours["tokens_per_s"], hf[0]["tokens_per_s"])})
     for key in ("time_speedup", "token_speedup", "throughput_ratio"):
         values = [c[key] for c in result["per_seed"] if c[key] is not None]
         result[key] = statistics.median(values) if values else None
@@ -357,8 +402,9 @@ def analyze(runs):
 
 
 def speech_lines(text, min_words=6):
-    """Spoken lines of one play, in order: after the first ACT/SCENE heading, without headings, speaker names
-    (ALL CAPS or short abbreviations like "Hor."), and bracketed stage directions (also those spanning lines)."""
+    """Spoken lines of one play, in order: after the first ACT/SCENE heading, without headings,
+    speaker names (ALL CAPS or short abbreviations like "Hor."), and bracketed stage directions
+    (also those spanning lines)."""
     lines, started, in_direction = [], False, False
     for raw in text.split("\n"):
         s = raw.strip()
@@ -385,7 +431,9 @@ def spaced(xs, n):
 
 
 def read_plays(corpus, plays):
-    """{title: spoken lines} for the given works of the corpus; a one-line error names a missing title."""
+    """{title: spoken lines} for the given works of the corpus.
+
+    A one-line error names a missing title."""
     with gzip.open(corpus, "rt", encoding="utf-8") as f:
         texts = {d["title"]: d["text"] for d in map(json.loads, f)}
     missing = [p for p in plays if p not in texts]
@@ -395,9 +443,9 @@ def read_plays(corpus, plays):
 
 
 def split_lines(lines, block, dev_every):
-    """{"train": {play: lines}, "dev": {...}}: each play's lines cut into contiguous blocks of `block` lines,
-    every dev_every-th block dev and the rest train, so no dev line sits among fine-tuning lines. Lines that
-    occur more than once anywhere are dropped."""
+    """{"train": {play: lines}, "dev": {...}}: each play's lines cut into contiguous blocks of
+    `block` lines, every dev_every-th block dev and the rest train, so no dev line sits among
+    fine-tuning lines. Lines that occur more than once anywhere are dropped."""
     counts = collections.Counter(s for ls in lines.values() for s in ls)
     splits = {"train": {}, "dev": {}}
     for p, ls in lines.items():
@@ -415,10 +463,11 @@ def write_task(out_dir, name, rows):
     return path
 
 
-def build_play_task(out_dir, corpus=CORPUS, plays=PLAYS, train_per_play=500, dev_per_play=100, block=40,
-                    dev_every=5):
-    """Write out_dir/train.tsv and dev.tsv (the play's title as label) for evaluate_glue.py --task-file /
-    --task-dev-file: lines split as in split_lines, every play with the same number of rows."""
+def build_play_task(out_dir, corpus=CORPUS, plays=PLAYS, train_per_play=500, dev_per_play=100,
+                    block=40, dev_every=5):
+    """Write out_dir/train.tsv and dev.tsv (the play's title as label) for evaluate_glue.py
+    --task-file / --task-dev-file: lines split as in split_lines, every play with the same number
+    of rows."""
     splits = split_lines(read_plays(corpus, plays), block, dev_every)
     os.makedirs(out_dir, exist_ok=True)
     result = {"classes": list(plays)}
@@ -438,12 +487,13 @@ def scramble(line, rng):
             return " ".join(shuffled)
 
 
-def build_order_task(out_dir, corpus=CORPUS, plays=HELD_OUT_PLAYS, train_per_play=1000, dev_per_play=200,
-                     block=40, dev_every=5, seed=0):
-    """Word order, CoLA-like: is this line as Shakespeare wrote it, or are its words shuffled? Lines come from
-    the plays data.py holds out of pretraining (so neither version was ever trained on), split as in
-    split_lines; half of each split, chosen at random, is scrambled. The two classes have the same words, so
-    a bag-of-words model is at chance by construction: only word order tells them apart."""
+def build_order_task(out_dir, corpus=CORPUS, plays=HELD_OUT_PLAYS, train_per_play=1000,
+                     dev_per_play=200, block=40, dev_every=5, seed=0):
+    """Word order, CoLA-like: is this line as Shakespeare wrote it, or are its words shuffled?
+    Lines come from the plays data.py holds out of pretraining (so neither version was ever
+    trained on), split as in split_lines; half of each split, chosen at random, is scrambled. The
+    two classes have the same words, so a bag-of-words model is at chance by construction: only
+    word order tells them apart."""
     splits = split_lines(read_plays(corpus, plays), block, dev_every)
     rng = random.Random(seed)
     os.makedirs(out_dir, exist_ok=True)
@@ -452,18 +502,21 @@ def build_order_task(out_dir, corpus=CORPUS, plays=HELD_OUT_PLAYS, train_per_pla
         n = min(wanted, *(len(v) for v in splits[name].values()))
         lines = [s for p in plays for s in spaced(splits[name][p], n)]
         flip = set(rng.sample(range(len(lines)), len(lines) // 2))
-        rows = [(scramble(s, rng), "scrambled") if i in flip else (s, "original") for i, s in enumerate(lines)]
+        rows = [(scramble(s, rng), "scrambled") if i in flip else (s, "original")
+                for i, s in enumerate(lines)]
         result.update({name: write_task(out_dir, name, rows), f"n_{name}": len(rows)})
     return result
 
 
 def bag_of_words_accuracy(task, l2=1e-3, steps=200):
-    """Dev accuracy (percent) of a logistic regression on word counts (lowercased, whitespace-split) trained on the
-    task's train rows: how far words alone get, with no order and no pretraining."""
+    """Dev accuracy (percent) of a logistic regression on word counts (lowercased,
+    whitespace-split) trained on the task's train rows: how far words alone get, with no order
+    and no pretraining."""
     import evaluate_glue
     _, spec, parsed = evaluate_glue.load_task_file(task["train"], task["dev"])
     train_rows, dev_rows = parsed["train"], parsed["dev"][""]
-    vocab = {w: i for i, w in enumerate(sorted({w for s in train_rows["a"] for w in s.lower().split()}))}
+    words = sorted({w for s in train_rows["a"] for w in s.lower().split()})
+    vocab = {w: i for i, w in enumerate(words)}
 
     def counts(texts):  # (N, V) word counts; words unseen in training are dropped
         x = torch.zeros(len(texts), len(vocab))
@@ -488,8 +541,8 @@ def bag_of_words_accuracy(task, l2=1e-3, steps=200):
 
 
 def save_random_init(final_folder, folder):
-    """The pretrained checkpoint's network, freshly initialized (seed 0), with its tokenizer and meta.json:
-    evaluate_glue.py has no random-init flag, so the control is a checkpoint of its own."""
+    """The pretrained checkpoint's network freshly initialized (seed 0), with its tokenizer and
+    meta.json: evaluate_glue.py has no random-init flag, so the control is its own checkpoint."""
     with open(os.path.join(final_folder, "config.json")) as f:
         cfg = json.load(f)
     torch.manual_seed(0)
@@ -500,22 +553,24 @@ def save_random_init(final_folder, folder):
 
 
 def downstream(final_folder, out_dir, epochs=3, lr=1e-3, seeds=3, tasks=None):
-    """Fine-tune the pretrained checkpoint and a randomly initialized copy of its network on each task with the
-    same protocol. tasks: {name: builder(out_dir) -> task dict} (default DOWNSTREAM_TASKS). Returns
-    {"epochs", "lr", "seeds", "tasks": {name: {"task", "chance", "pretrained", "random_init"}}}, accuracies in
-    percent (median over seeds)."""
+    """Fine-tune the pretrained checkpoint and a randomly initialized copy of its network on each
+    task with the same protocol. tasks: {name: builder(out_dir) -> task dict} (default
+    DOWNSTREAM_TASKS). Returns {"epochs", "lr", "seeds", "tasks": {name: {"task", "chance",
+    "pretrained", "random_init"}}}, accuracies in percent (median over seeds)."""
     import evaluate_glue
     random_init = save_random_init(final_folder, os.path.join(out_dir, "random_init"))
     result = {"epochs": epochs, "lr": lr, "seeds": seeds, "tasks": {}}
     for task_name, build in (tasks or DOWNSTREAM_TASKS).items():
         task = build(os.path.join(out_dir, task_name))
-        r = {"task": task, "chance": 100.0 / len(task["classes"]), "bag_of_words": bag_of_words_accuracy(task)}
+        r = {"task": task, "chance": 100.0 / len(task["classes"]),
+             "bag_of_words": bag_of_words_accuracy(task)}
         for name, checkpoint in (("pretrained", final_folder), ("random_init", random_init)):
             glue = evaluate_glue.main(["--checkpoint", checkpoint, "--task-file", task["train"],
-                                       "--task-dev-file", task["dev"], "--seeds", str(seeds), "--epochs",
-                                       str(epochs), "--lr", str(lr), "--no-progress",
+                                       "--task-dev-file", task["dev"], "--seeds", str(seeds),
+                                       "--epochs", str(epochs), "--lr", str(lr), "--no-progress",
                                        "--out", os.path.join(out_dir, task_name, name)])
-            r[name] = glue["tasks"]["train"]["metrics"]["accuracy"]  # the task is named after train.tsv
+            # The task is named after train.tsv.
+            r[name] = glue["tasks"]["train"]["metrics"]["accuracy"]
         result["tasks"][task_name] = r
     return result
 
@@ -539,7 +594,7 @@ def run_name(r):
 
 
 def curve_cell(points, i):
-    """One evaluation as table cells (seconds, tokens, loss), or blanks past the end of a shorter curve."""
+    """One evaluation as table cells (seconds, tokens, loss); blanks past a shorter curve's end."""
     if i >= len(points):
         return " " * 25
     q = points[i]
@@ -549,10 +604,12 @@ def curve_cell(points, i):
 def seed_report(c, ours, hf, best_lr):
     """Both curves side by side, then equal time, time to loss and tokens to loss for one seed."""
     lines = ["", f"held-out loss curves, seed {c['seed']} (HF lr {best_lr:g}):",
-             f"{'eval':>4} | {'ours s':>7} {'tokens':>10} {'loss':>6} | {'HF s':>7} {'tokens':>10} {'loss':>6}"]
+             f"{'eval':>4} | {'ours s':>7} {'tokens':>10} {'loss':>6} | "
+             f"{'HF s':>7} {'tokens':>10} {'loss':>6}"]
     for i in range(max(len(ours["curve"]), len(hf["curve"]))):
         lines.append(f"{i + 1:>4} | {curve_cell(ours['curve'], i)} | {curve_cell(hf['curve'], i)}")
-    time_line = f"time to reach HF's final loss {c['target_loss']:.3f}: HF {c['hf_seconds']:.1f} s, ours "
+    time_line = (f"time to reach HF's final loss {c['target_loss']:.3f}: "
+                 f"HF {c['hf_seconds']:.1f} s, ours ")
     token_line = f"tokens to reach it: HF {c['hf_tokens']:,.0f}, ours "
     if c["ours_seconds"] is None:
         time_line += "not reached"
@@ -563,8 +620,8 @@ def seed_report(c, ours, hf, best_lr):
     else:
         token_line += f"{c['ours_tokens']:,.0f} -> {c['token_speedup']:.2f}x (recipe)"
     token_line += f"; tokens/s ours / HF {fmt(c['throughput_ratio'], '.2f')}x (throughput)"
-    return lines + [f"equal time: ours {c['ours_final_loss']:.3f} vs HF {c['hf_final_loss']:.3f}", time_line,
-                    token_line]
+    return lines + [f"equal time: ours {c['ours_final_loss']:.3f} vs HF {c['hf_final_loss']:.3f}",
+                    time_line, token_line]
 
 
 def hf_description(settings):
@@ -580,39 +637,52 @@ def hf_description(settings):
 
 
 def report(results):
-    """Print the run table, each seed's curves and speedups, and the downstream check; return the text."""
+    """Print the run table, each seed's curves and speedups, and the downstream check.
+
+    Returns the printed text."""
     runs, a, st = results["runs"], results["analysis"], results["settings"]
-    lines = [f"\nmini-cram on {st['data']}: {st['n_layers']} x {st['d_model']}, {st['n_heads']} heads, vocab "
-             f"{st['vocab_size']}, {st['minutes']:g} min per run, {st['threads']} torch thread(s), {st['device']}",
+    lines = [f"\nmini-cram on {st['data']}: {st['n_layers']} x {st['d_model']}, "
+             f"{st['n_heads']} heads, vocab {st['vocab_size']}, {st['minutes']:g} min per run, "
+             f"{st['threads']} torch thread(s), {st['device']}",
              f"HF baseline: {hf_description(st)}", f"order: {', '.join(st['order'])}", "",
-             f"{'run':<22} {'seed':>4} {'params':>8} {'final loss':>10} {'tokens':>11} {'tokens/s':>9}  status"]
+             f"{'run':<22} {'seed':>4} {'params':>8} {'final loss':>10} {'tokens':>11} "
+             f"{'tokens/s':>9}  status"]
     for r in runs:
         best = "  <- baseline" if r["model"] == "hf" and r["lr"] == a["best_lr"] else ""
-        lines.append(f"{run_name(r):<22} {r['seed']:>4} {r['params'] / 1e6:7.2f}M {fmt(r['final_loss'], '10.3f')} "
+        lines.append(f"{run_name(r):<22} {r['seed']:>4} {r['params'] / 1e6:7.2f}M "
+                     f"{fmt(r['final_loss'], '10.3f')} "
                      f"{r['tokens']:>11,} {r['tokens_per_s']:>9,}  {r['status']}{best}")
     step = results.get("step_tokens_per_s")
     if step:  # results.json written before the bare step was timed has none
-        lines += ["", f"bare training step (bench_model's, same shape and micro-batch, {st['dtype']}): "
-                  + ", ".join(f"{'ours' if who == 'ours' else 'HF'} {tps:,} tokens/s" for who, tps in step.items()),
+        bare = ", ".join(f"{'ours' if who == 'ours' else 'HF'} {tps:,} tokens/s"
+                         for who, tps in step.items())
+        loops = ", ".join(
+            f"{run_name(r)} seed {r['seed']} {r['tokens_per_s'] / step[r['model']]:.2f}"
+            for r in runs if r["model"] in step)
+        lines += ["", f"bare training step (bench_model's, same shape and micro-batch, "
+                      f"{st['dtype']}): " + bare,
                   "loop / bare step, tokens/s (1.00 = the loop costs nothing around its step): "
-                  + ", ".join(f"{run_name(r)} seed {r['seed']} {r['tokens_per_s'] / step[r['model']]:.2f}"
-                              for r in runs if r["model"] in step)]
+                  + loops]
     for c in a["per_seed"]:
         ours = next(r for r in runs if r["model"] == "ours" and r["seed"] == c["seed"])
-        hf = next(r for r in runs if r["model"] == "hf" and r["lr"] == a["best_lr"] and r["seed"] == c["seed"])
+        hf = next(r for r in runs
+                  if r["model"] == "hf" and r["lr"] == a["best_lr"] and r["seed"] == c["seed"])
         lines += seed_report(c, ours, hf, a["best_lr"])
     if len(a["per_seed"]) > 1:
-        lines.append(f"median over seeds: time speedup {fmt(a['time_speedup'], '.2f')}x, token speedup "
-                     f"{fmt(a['token_speedup'], '.2f')}x, throughput ratio {fmt(a['throughput_ratio'], '.2f')}x")
+        lines.append(f"median over seeds: time speedup {fmt(a['time_speedup'], '.2f')}x, "
+                     f"token speedup {fmt(a['token_speedup'], '.2f')}x, "
+                     f"throughput ratio {fmt(a['throughput_ratio'], '.2f')}x")
     d = results.get("downstream")
     if d and "tasks" in d:
-        lines += ["", f"downstream, seed 0's checkpoint against the same network from random init ({d['epochs']} "
-                  f"epochs at lr {d['lr']:g}, median of {d['seeds']} fine-tuning seed(s), dev accuracy %):",
-                  f"{'task':<12} {'train':>6} {'dev':>5} {'chance':>7} {'bag of words':>13} {'pretrained':>11} "
-                  f"{'random init':>12}"]
+        lines += ["", f"downstream, seed 0's checkpoint against the same network from random init "
+                      f"({d['epochs']} epochs at lr {d['lr']:g}, median of {d['seeds']} "
+                      f"fine-tuning seed(s), dev accuracy %):",
+                  f"{'task':<12} {'train':>6} {'dev':>5} {'chance':>7} {'bag of words':>13} "
+                  f"{'pretrained':>11} {'random init':>12}"]
         for name, r in d["tasks"].items():
-            lines.append(f"{name:<12} {r['task']['n_train']:>6,} {r['task']['n_dev']:>5,} {r['chance']:>7.1f} "
-                         f"{fmt(r.get('bag_of_words'), '13.1f')} {r['pretrained']:>11.1f} {r['random_init']:>12.1f}")
+            lines.append(f"{name:<12} {r['task']['n_train']:>6,} {r['task']['n_dev']:>5,} "
+                         f"{r['chance']:>7.1f} {fmt(r.get('bag_of_words'), '13.1f')} "
+                         f"{r['pretrained']:>11.1f} {r['random_init']:>12.1f}")
     text = "\n".join(lines)
     print(text)
     return text
@@ -645,11 +715,14 @@ def plot(results, path):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     # Data and budget
-    p.add_argument("--data", default="sample", help="any --data train.py accepts (default: the bundled sample)")
+    p.add_argument("--data", default="sample",
+                   help="any --data train.py accepts (default: the bundled sample)")
     p.add_argument("--cache", default="cache", help="data cache folder (default: cache)")
-    p.add_argument("--minutes", type=float, default=3.0, help="wall-clock budget of every run (default: 3)")
+    p.add_argument("--minutes", type=float, default=3.0,
+                   help="wall-clock budget of every run (default: 3)")
     # Shape, shared by both models
     p.add_argument("--n-layers", type=int, default=4, help="layers (default: 4)")
     p.add_argument("--d-model", type=int, default=128, help="hidden size (default: 128)")
@@ -659,11 +732,15 @@ def parse_args(argv=None):
                    "ours gets the same weights, 2/3 of it for a gated FFN rounded to a multiple "
                    "of 32, and ModernBERT's GeGLU the same width as ours")
     p.add_argument("--max-seq-len", type=int, default=128, help="tokens per sequence")
-    p.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary (default: 4096)")
+    p.add_argument("--vocab-size", type=int, default=4096,
+                   help="tokenizer vocabulary (default: 4096)")
     # Batch and evaluation, shared by both models
-    p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per optimizer step (default: 4096)")
-    p.add_argument("--micro-batch", type=int, default=32, help="sequences per forward pass (default: 32)")
-    p.add_argument("--eval-batches", type=int, default=10, help="held-out batches per evaluation (default: 10)")
+    p.add_argument("--batch-tokens", type=int, default=4096,
+                   help="tokens per optimizer step (default: 4096)")
+    p.add_argument("--micro-batch", type=int, default=32,
+                   help="sequences per forward pass (default: 32)")
+    p.add_argument("--eval-batches", type=int, default=10,
+                   help="held-out batches per evaluation (default: 10)")
     # The runs
     p.add_argument("--baseline", choices=list(BASELINES), default="modernbert",
                    help="the HF model: modernbert (default, ModernBertForMaskedLM) or bert "
@@ -671,25 +748,35 @@ def parse_args(argv=None):
     p.add_argument("--hf-lrs", default=None, help="HF peak learning rates, one run each (default: "
                    + "; ".join(f"{b} {lrs}" for b, lrs in DEFAULT_HF_LRS.items()) + ")")
     p.add_argument("--hf-schedule", choices=list(HF_SCHEDULES), default="linear",
-                   help="HF learning-rate schedule: linear (default: 6%% warm-up, linear decay to "
-                   "0), wsd (ModernBERT's warmup-stable-decay, 1-sqrt decay over the last 20%%) "
-                   "or triangle (ours, train.py's default: which share of the lead is the schedule)")
-    p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1, each runs ours and every HF lr (default: 1)")
-    p.add_argument("--ours-flags", default="", help="extra train.py flags as one string, e.g. \"--lr 2e-3\" "
+                   help="HF learning-rate schedule: "
+                   "linear (default: 6%% warm-up, linear decay to 0), "
+                   "wsd (ModernBERT's warmup-stable-decay, 1-sqrt decay over the last 20%%) "
+                   "or triangle (ours, train.py's default: "
+                   "which share of the lead is the schedule)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="seeds 0..N-1, each runs ours and every HF lr (default: 1)")
+    p.add_argument("--ours-flags", default="",
+                   help="extra train.py flags as one string, e.g. \"--lr 2e-3\" "
                    "(default: none, train.py's recipe)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads for every run (default: 0 = torch's "
-                   "count at start; 1 helps on a busy machine, where more threads than free cores crawl)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads for every run (default: 0 = torch's count at start; "
+                   "1 helps on a busy machine, where more threads than free cores crawl)")
     p.add_argument("--skip-hf", action="store_true", help="run only ours (no transformers needed)")
-    p.add_argument("--analyze-only", action="store_true", help="no training: re-analyze OUT/results.json")
+    p.add_argument("--analyze-only", action="store_true",
+                   help="no training: re-analyze OUT/results.json")
     p.add_argument("--no-downstream", action="store_true", help="skip the downstream check")
-    p.add_argument("--downstream-only", action="store_true", help="no pretraining: run the downstream check on "
+    p.add_argument("--downstream-only", action="store_true",
+                   help="no pretraining: run the downstream check on "
                    "OUT/results.json's seed-0 checkpoint and add it to results.json")
-    p.add_argument("--downstream-epochs", type=int, default=3, help="fine-tuning epochs of that check (default: 3)")
-    p.add_argument("--downstream-lr", type=float, default=1e-3, help="its fine-tuning learning rate (default: 1e-3, "
-                   "the best of 1e-4/1e-3 for both arms; GLUE-sane's 4e-5 suits BERT-base, not minutes-old models)")
-    p.add_argument("--downstream-seeds", type=int, default=3, help="fine-tuning seeds per arm and task, median "
-                   "reported (default: 3)")
-    p.add_argument("--out", default="runs/bench_cram", help="output folder (default: runs/bench_cram)")
+    p.add_argument("--downstream-epochs", type=int, default=3,
+                   help="fine-tuning epochs of that check (default: 3)")
+    p.add_argument("--downstream-lr", type=float, default=1e-3,
+                   help="its fine-tuning learning rate (default: 1e-3, the best of 1e-4/1e-3 for "
+                   "both arms; GLUE-sane's 4e-5 suits BERT-base, not minutes-old models)")
+    p.add_argument("--downstream-seeds", type=int, default=3,
+                   help="fine-tuning seeds per arm and task, median reported (default: 3)")
+    p.add_argument("--out", default="runs/bench_cram",
+                   help="output folder (default: runs/bench_cram)")
     args = p.parse_args(argv)
     if args.hf_lrs is None:  # the sweep of the chosen baseline; recorded in results.json's settings
         args.hf_lrs = DEFAULT_HF_LRS[args.baseline]
@@ -711,14 +798,16 @@ def main(argv=None):
     results["analysis"] = analyze(results["runs"])
     report(results)
     os.makedirs(args.out, exist_ok=True)
-    model.atomic_write(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
+    files.atomic_write(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
     png = plot(results, os.path.join(args.out, "curves.png"))
     print(f"wrote {path}" + (f" and {png}" if png else " (pip install matplotlib for curves.png)"))
     return results
 
 
 def run_all(args):
-    """Every run, one at a time: per seed ours, then HF at each learning rate. Then the downstream check."""
+    """Every run, one at a time: per seed, ours and then HF at each learning rate.
+
+    Then the downstream check."""
     threads = args.threads or torch.get_num_threads()  # the same for every run
     lrs = [] if args.skip_hf else [float(x) for x in args.hf_lrs.split(",") if x.strip()]
     s = flags.parse_args(ours_argv(args, 0, args.out))  # our settings as train.py resolves them
@@ -746,7 +835,8 @@ def run_all(args):
                       f"{r['tokens_per_s']:,} tokens/s, "
                       f"final held-out loss {fmt(r['final_loss'], '.3f')}")
     torch.set_num_threads(threads)
-    print("\n=== the bare training steps, off the clock: what each loop's tokens/s is measured against ===")
+    print("\n=== the bare training steps, off the clock: "
+          "what each loop's tokens/s is measured against ===")
     step = isolated_steps(s, arm, device, with_hf=bool(lrs))
     dtype = parallel.autocast_dtype(s.dtype, device)
     settings = {**vars(args), "threads": threads, "device": str(device), "ours_ffn_dim": s.ffn_dim,
@@ -757,8 +847,10 @@ def run_all(args):
                               "warmup": HF_WARMUP, "schedule": HF_SCHEDULES[args.hf_schedule],
                               "dropout": 0.0}}
     results = {"settings": settings, "runs": runs, "step_tokens_per_s": step}
-    os.makedirs(args.out, exist_ok=True)  # saved now, so a failure in the downstream check loses no run
-    model.atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))
+    # Saved now, so a failure in the downstream check loses no run.
+    os.makedirs(args.out, exist_ok=True)
+    files.atomic_write(os.path.join(args.out, "results.json"),
+                       lambda f: f.write(json.dumps(results, indent=2).encode()))
     if not args.no_downstream:
         results["downstream"] = run_downstream(runs, args)
     return results

@@ -1,16 +1,18 @@
-"""Is train.py's loop as fast as its step? Tokens per second of train.py's whole loop against the same
-step run bare, at one shape, micro-batch and thread count, in one process.
+"""Is train.py's loop as fast as its step?
 
-    python bench/bench_loop.py                          # 4 x 128-wide, 4 layers, 4 x 128 tokens, CPU
+Tokens per second of train.py's whole loop against the same step run bare, at one shape,
+micro-batch and thread count, in one process.
+
+    python bench/bench_loop.py                      # 4 x 128-wide, 4 layers, 4 x 128 tokens, CPU
     python bench/bench_loop.py --micro-batch 32 --pairs 3
 
-The bare step is exactly what train.py's loop calls: forward_backward over a real Loader's batches,
-the gradient clip, AdamW's step. The loop is `train.main` with the same model, data, micro-batch and
-accumulation, a step budget, no evaluation but the last (after the clock), and the default logging: its
-tokens/s is the run's tokens over its clock (summary.json), which counts everything the loop does
-around the step (schedules, the clock, logging, the progress bar, the loader). The two alternate, so a
-busy machine slows both alike; the ratio of their medians is the loop's overhead. Time nothing else
-on the machine while this runs.
+The bare step is exactly what train.py's loop calls: train.train_step over a real Loader's
+batches, with the gradient clip and AdamW's step. The loop is `train.main` with the same model,
+data, micro-batch and accumulation, a step budget, no evaluation but the last (after the clock), and
+the default logging. Its tokens/s is the run's tokens over its clock (summary.json), which counts
+everything the loop does around the step (schedules, the clock, logging, the progress bar, the
+loader). The two alternate, so a busy machine slows both alike; the ratio of their medians is the
+loop's overhead. Time nothing else on the machine while this runs.
 """
 import argparse
 import os
@@ -49,7 +51,7 @@ def loop_tokens_per_s(args):
 
 
 def bare_tokens_per_s(args):
-    """The same model, data and step without the loop: forward_backward, clip, AdamW."""
+    """The same model, data and step without the loop: train.train_step (clip and AdamW too)."""
     settings = flags.parse_args(train_argv(args, "unused"))
     settings = argparse.Namespace(**{**vars(settings), "batch_ramp": 0.0})
     meta = train.prepare(settings, torch.device("cpu"), 0, 1)  # the cache entry the loop uses
@@ -59,12 +61,10 @@ def bare_tokens_per_s(args):
     loader = make_loader(meta, "train", {"objective": "mlm", "seed": 0})
     amp = parallel.autocast(torch.device("cpu"), parallel.autocast_dtype(args.dtype,
                                                                          torch.device("cpu")))
-    shape, started = (args.micro_batch, args.seq_len), time.time()
+    started = time.time()
     for _ in range(args.steps):  # all steps timed, the first (cold) ones too, as the loop's clock
-        train.forward_backward(net, loader, 1, shape, amp, lambda seconds: False)
-        parallel.clip_gradients(net, 0.5)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        batch = loader.next_batch(args.micro_batch, args.seq_len)
+        train.train_step(net, optimizer, [batch], clip=0.5, autocast=amp)
     return args.steps * args.micro_batch * args.seq_len / (time.time() - started)
 
 

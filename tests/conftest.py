@@ -3,15 +3,17 @@
 Run the whole suite with `python -m pytest -q tests`.
 
 Shared by several test files (import the helpers with `from conftest import tiny, seeded_model`):
-    ROOT, POSITIONS, SENTENCE    the repository folder, model.py's position schemes, the memorized sentence
-    tiny(**overrides)            a 2-layer, 32-wide config of the tiny preset (vocab 100, 32 positions)
-    seeded_model(cfg, seed=0)    a freshly initialized model in eval mode, the same for the same seed
-    save_checkpoint(net, enc, folder)    a model and its tokenizer saved as a training run saves them
-    random_checkpoint(folder, texts)     a 1-layer random model and a 320-token BPE trained on texts, saved
-    read_log(out)                a run's log.jsonl as a list of records
+    ROOT                       the repository folder
+    POSITIONS                  model.py's position schemes
+    SENTENCE                   the memorized sentence
+    tiny(**overrides)          a 2-layer, 32-wide tiny-preset config (vocab 100, 32 positions)
+    seeded_model(cfg, seed=0)  a freshly initialized model in eval mode, the same for the same seed
+    save_checkpoint(net, enc, folder)  a model and its tokenizer saved as a training run saves them
+    random_checkpoint(folder, texts)   a 1-layer random model and a 320-token BPE on texts, saved
+    read_log(out)              a run's log.jsonl as a list of records
 Fixtures (session scope: built once for the whole suite):
-    enc                          a 320-token BPE trained on four short sentences, SENTENCE among them
-    sample_cache                 the bundled sample corpus prepared with a 512-token BPE, as train.py prepares it
+    enc                        a 320-token BPE trained on four short sentences, SENTENCE among them
+    sample_cache               the bundled sample, prepared as train.py does with a 512-token BPE
 """
 import json
 import os
@@ -33,7 +35,8 @@ SENTENCE = "the cat sat on the mat."
 
 
 def tiny(**overrides):
-    base = {"vocab_size": 100, "n_layers": 2, "d_model": 32, "n_heads": 4, "ffn_dim": 48, "max_seq_len": 32}
+    base = {"vocab_size": 100, "n_layers": 2, "d_model": 32, "n_heads": 4, "ffn_dim": 48,
+            "max_seq_len": 32}
     return model.make_config("tiny", **{**base, **overrides})
 
 
@@ -50,9 +53,12 @@ def save_checkpoint(net, enc, folder):
 
 
 def random_checkpoint(folder, texts):
-    """An untrained 1-layer model and a 320-token BPE trained on texts, saved as a training run would."""
+    """An untrained 1-layer model and a 320-token BPE trained on texts.
+
+    Both saved as a training run would save them."""
     enc = tokenizer.train_tokenizer(texts, 320)
-    cfg = model.make_config("tiny", vocab_size=enc.n_vocab, n_layers=1, d_model=32, n_heads=2, ffn_dim=64)
+    cfg = model.make_config("tiny", vocab_size=enc.n_vocab, n_layers=1, d_model=32, n_heads=2,
+                            ffn_dim=64)
     return save_checkpoint(model.build_model(cfg), enc, folder)
 
 
@@ -63,14 +69,16 @@ def read_log(out):
 
 @pytest.fixture(scope="session")
 def enc():
-    texts = [SENTENCE, "the dog ran in the park.", "a bird sang on the tree.", "we sat in the sun."] * 10
+    texts = [SENTENCE, "the dog ran in the park.", "a bird sang on the tree.",
+             "we sat in the sun."] * 10
     return tokenizer.train_tokenizer(texts, vocab_size=320)
 
 
 @pytest.fixture(scope="session")
 def sample_cache(tmp_path_factory):
-    """The sample corpus with a 512-token BPE, prepared once: the entry train.py --data sample --vocab-size 512
-    finds in this cache folder (prepare_data keys its cache by settings), so no run prepares it again."""
+    """The sample corpus with a 512-token BPE, prepared once: the entry that
+    `train.py --data sample --vocab-size 512` finds in this cache folder (prepare_data keys its
+    cache by settings), so no run prepares it again."""
     folder = str(tmp_path_factory.mktemp("cache"))
     data.prepare_data("sample", folder, {"vocab_size": 512}, progress=False)
     return folder

@@ -1,13 +1,16 @@
-"""Does a change to the code change what training computes? Three fixed runs, their logged losses compared.
+"""Does a change to the code change what training computes?
+
+Three fixed runs, their logged losses compared:
 
     python tests/same_losses.py --save tests/same_losses.json   # record (before a refactor)
-    python tests/same_losses.py                                 # compare with the record: exit 1 if any differs
+    python tests/same_losses.py                                 # compare: exit 1 if any differs
 
-The three runs are the ones a restructure is most likely to disturb: a plain run, a grown run (two growth
-stages, so the optimizer and the wrapping are rebuilt mid-run) and a two-source corpus mixture. Each is a fresh
-`python train.py` process on the bundled sample with a fixed seed and a step budget (a deterministic clock),
-on the CPU. Everything they log is compared: every step's loss and gradient norm, every held-out loss (per
-source for the mixture) and the losses around each growth event. tests/test_same_losses.py runs this too.
+The three runs are the ones a restructure is most likely to disturb: a plain run, a grown run (two
+growth stages, so the optimizer and the wrapping are rebuilt mid-run) and a two-source corpus
+mixture. Each is a fresh `python train.py` process on the bundled sample with a fixed seed and a
+step budget (a deterministic clock), on the CPU. Everything they log is compared: every step's
+loss and gradient norm, every held-out loss (per source for the mixture) and the losses around
+each growth event. tests/test_same_losses.py runs this too.
 """
 import argparse
 import gzip
@@ -27,7 +30,8 @@ RUNS = {
     "grown": ["--data", "sample", "--max-steps", "24", "--grow", "0:n_layers=1; 0.5:n_layers=2"],
     "mixture": ["--data", "{plays}:0.7,{sonnets}:0.3", "--max-steps", "16"],
 }
-LOGGED = ("loss", "grad_norm", "val_loss", "val_loss_by_source", "val_loss_before", "val_loss_after")
+LOGGED = ("loss", "grad_norm", "val_loss", "val_loss_by_source", "val_loss_before",
+          "val_loss_after")
 
 
 def write_mixture_sources(folder):
@@ -43,7 +47,7 @@ def write_mixture_sources(folder):
 
 
 def losses_of(log_path):
-    """[(kind, step, {field: value})] of every record in log.jsonl, only the fields that are losses."""
+    """[(kind, step, {field: value})] of every record in log.jsonl, with only the loss fields."""
     with open(log_path) as f:
         records = [json.loads(line) for line in f]
     return [[r["kind"], r.get("step"), {k: r[k] for k in LOGGED if k in r}] for r in records]
@@ -60,13 +64,14 @@ def run_all(folder, threads=2):
                "--cache", os.path.join(folder, "cache"), "--out", out]
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if done.returncode != 0:
-            raise SystemExit(f"error: run {name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+            raise SystemExit(f"error: run {name} failed:\n"
+                             f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
         found[name] = losses_of(os.path.join(out, "log.jsonl"))
     return found
 
 
 def differences(found, recorded):
-    """Lines naming each run, record and field whose value differs from the record (empty: all the same)."""
+    """Lines naming each run, record and field that differs from the record; empty: all the same."""
     lines = []
     for name in RUNS:
         got, want = found.get(name, []), recorded.get(name, [])
@@ -80,18 +85,21 @@ def differences(found, recorded):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--save", metavar="FILE", help="record the losses in FILE instead of comparing")
+    parser.add_argument("--save", metavar="FILE",
+                        help="record the losses in FILE instead of comparing")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         found = run_all(folder)
     if args.save:
         with open(args.save, "w") as f:
             json.dump(found, f, indent=1)
-        print(f"recorded {sum(map(len, found.values()))} records of {len(found)} runs in {args.save}")
+        n_records = sum(map(len, found.values()))
+        print(f"recorded {n_records} records of {len(found)} runs in {args.save}")
         return
     with open(RECORD) as f:
         diff = differences(found, json.load(f))
-    print("\n".join(diff[:20]) if diff else f"the same losses as {RECORD}, exactly, in all {len(RUNS)} runs")
+    print("\n".join(diff[:20]) if diff
+          else f"the same losses as {RECORD}, exactly, in all {len(RUNS)} runs")
     sys.exit(1 if diff else 0)
 
 

@@ -1,9 +1,10 @@
 """Specification of bad input: python -m pytest -q tests/test_bad_input.py
 
-Every command line (train.py, data.py, evaluate_glue.py, grow.py, scaling.py, model.py) refuses nonsense with one
-line that names the flag or the file and what is wrong, before it writes anything. Flag errors come from argparse
-as its short usage line plus `PROG: error: ...` (exit 2); errors found in files are `error: ...` (exit 1). No
-evaluator reports a score from no data. The cases run the real command lines in-process.
+Every command line (train.py, data.py, evaluate_glue.py, grow.py, scaling.py, model.py) refuses
+nonsense with one line that names the flag or the file and what is wrong, before it writes
+anything. Flag errors come from argparse as its short usage line plus `PROG: error: ...` (exit 2);
+errors found in files are `error: ...` (exit 1). No evaluator reports a score from no data. The
+cases run the real command lines in-process.
 """
 import json
 import os
@@ -23,11 +24,14 @@ from conftest import random_checkpoint
 
 
 def refuse(main, argv, capsys):
-    """Run a command line that must fail; return its one error line, after checking the shape of the output."""
+    """Run a command line that must fail and return its one error line.
+
+    The shape of the output is checked first."""
     with pytest.raises(SystemExit) as stop:
         main(argv)
     code, err = stop.value.code, capsys.readouterr().err.strip().splitlines()
-    if isinstance(code, str):                 # raise SystemExit("error: ..."): Python prints exactly this line
+    # raise SystemExit("error: ..."): Python prints exactly this line.
+    if isinstance(code, str):
         assert code.startswith("error: ") and "\n" not in code
         return code
     assert code == 2 and len(err) == 2        # argparse: the short usage line, then the error
@@ -35,7 +39,7 @@ def refuse(main, argv, capsys):
     return err[1]
 
 
-# --- train.py: every flag checked before anything is read or written -------------------------------------------
+# --- train.py: every flag checked before anything is read or written ------------------------------
 
 TRAIN = ["--data", "sample", "--max-steps", "1"]
 
@@ -69,21 +73,23 @@ def test_train_flags_that_make_no_sense_are_one_line_errors(flags, message, tmp_
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_train_device_cuda_without_a_gpu_is_a_one_line_error(tmp_path, capsys):
-    assert "--device cuda: no CUDA GPU visible" in refuse(train.main, TRAIN + ["--device", "cuda", "--out",
-                                                                               str(tmp_path / "run")], capsys)
+    argv = TRAIN + ["--device", "cuda", "--out", str(tmp_path / "run")]
+    assert "--device cuda: no CUDA GPU visible" in refuse(train.main, argv, capsys)
 
 
 @pytest.mark.parametrize("flags,message", [
     (["--model", "tiny", "--d-model", "63"], "--n-heads (4) must divide --d-model (63)"),
     (["--model", "tiny", "--n-heads", "5"], "--n-heads (5) must divide --d-model (64)"),
     (["--model", "tiny", "--grow", "0:layers=1; 0.5:layers=banana"], "--grow"),
-    (["--model", "tiny", "--max-seq-len", "8", "--mask-rate", "0.05"], "--mask-rate 0.05 masks 0 of 8 tokens"),
+    (["--model", "tiny", "--max-seq-len", "8", "--mask-rate", "0.05"],
+     "--mask-rate 0.05 masks 0 of 8 tokens"),
 ])
-def test_train_shapes_that_build_no_model_fail_before_data_is_prepared(flags, message, tmp_path, capsys):
+def test_train_shapes_that_build_no_model_fail_before_data_is_prepared(flags, message, tmp_path,
+                                                                        capsys):
     cache, out = tmp_path / "cache", tmp_path / "run"
     line = refuse(train.main, TRAIN + flags + ["--cache", str(cache), "--out", str(out)], capsys)
     assert message in line
-    assert not out.exists() and not cache.exists()                         # no tokenizer trained, no run folder
+    assert not out.exists() and not cache.exists()  # no tokenizer trained, no run folder
 
 
 def test_train_out_that_is_a_file_is_refused(tmp_path, capsys):
@@ -97,7 +103,7 @@ def test_argparse_errors_show_the_short_usage_not_the_whole_help(capsys):
     assert "argument --minutes: invalid float value: 'two'" in line
 
 
-# --- data.py ----------------------------------------------------------------------------------------------------
+# --- data.py --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags,message", [
     (["--val-fraction", "0"], "--val-fraction must be in (0, 0.5]"),
@@ -143,14 +149,16 @@ def test_a_failed_preparation_leaves_no_cache_folder_and_names_the_file(corpus, 
 
 def test_data_out_that_is_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "cache").write_text("")
-    assert "is a file" in refuse(data.main, ["--data", "sample", "--out", str(tmp_path / "cache")], capsys)
+    argv = ["--data", "sample", "--out", str(tmp_path / "cache")]
+    assert "is a file" in refuse(data.main, argv, capsys)
 
 
 def small_corpus(tmp_path):
     """60 short documents as JSONL (a .txt file would be one document)."""
     path = tmp_path / "c.jsonl"
-    path.write_text("".join(json.dumps({"text": f"document {i} says something about item {i % 7}."}) + "\n"
-                            for i in range(60)))
+    lines = (json.dumps({"text": f"document {i} says something about item {i % 7}."}) + "\n"
+             for i in range(60))
+    path.write_text("".join(lines))
     return path
 
 
@@ -158,11 +166,11 @@ def test_data_removes_temporary_folders_of_killed_preparations(tmp_path):
     corpus = small_corpus(tmp_path)
     cache = tmp_path / "cache"
     meta = data.prepare_data(str(corpus), str(cache), {"vocab_size": 320}, progress=False)
-    dead = f"{meta['dir']}.999999999.tmp"                                  # no such process
-    alive = f"{meta['dir']}.{os.getppid()}.tmp"                            # a live process: still preparing
+    dead = f"{meta['dir']}.999999999.tmp"       # no such process
+    alive = f"{meta['dir']}.{os.getppid()}.tmp"  # a live process: still preparing
     for folder in (dead, alive):
         os.makedirs(folder)
-    shutil.rmtree(meta["dir"])                                             # force a new preparation
+    shutil.rmtree(meta["dir"])                  # force a new preparation
     data.prepare_data(str(corpus), str(cache), {"vocab_size": 320}, progress=False)
     assert not os.path.exists(dead) and os.path.exists(alive)
 
@@ -181,7 +189,7 @@ def test_a_damaged_shard_is_a_one_line_error_in_train(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-# --- evaluate_glue.py: no score from no data ---------------------------------------------------------------------
+# --- evaluate_glue.py: no score from no data ------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
@@ -202,32 +210,34 @@ def glue(checkpoint, tmp_path, *flags):
 def test_glue_header_only_training_file_is_refused(checkpoint, tmp_path, capsys):
     train_tsv = task_file(tmp_path / "t.tsv", [])
     dev = task_file(tmp_path / "d.tsv", [("a b", "x"), ("c d", "y")])
-    line = refuse(evaluate_glue.main, glue(checkpoint, tmp_path, "--task-file", train_tsv, "--task-dev-file", dev),
-                  capsys)
+    argv = glue(checkpoint, tmp_path, "--task-file", train_tsv, "--task-dev-file", dev)
+    line = refuse(evaluate_glue.main, argv, capsys)
     assert line == f"error: {train_tsv}: no usable rows"
     assert not (tmp_path / "out").exists()
 
 
 def test_glue_all_malformed_rows_are_refused_and_counted(checkpoint, tmp_path, capsys):
     (tmp_path / "SST-2").mkdir()
-    (tmp_path / "SST-2" / "train.tsv").write_text("sentence\tlabel\nno tab here\ntoo\tmany\tfields\n")
-    line = refuse(evaluate_glue.main, glue(checkpoint, tmp_path, "--glue-dir", str(tmp_path), "--tasks", "sst2"),
-                  capsys)
+    (tmp_path / "SST-2" / "train.tsv").write_text(
+        "sentence\tlabel\nno tab here\ntoo\tmany\tfields\n")
+    argv = glue(checkpoint, tmp_path, "--glue-dir", str(tmp_path), "--tasks", "sst2")
+    line = refuse(evaluate_glue.main, argv, capsys)
     assert "SST-2/train.tsv: no usable rows (2 malformed row(s) skipped" in line
 
 
 def test_glue_one_row_task_file_leaves_nothing_to_train_on(checkpoint, tmp_path, capsys):
     path = task_file(tmp_path / "one.tsv", [("a line", "x")])
-    assert "at least 2 labels" in refuse(evaluate_glue.main, glue(checkpoint, tmp_path, "--task-file", path), capsys)
+    argv = glue(checkpoint, tmp_path, "--task-file", path)
+    assert "at least 2 labels" in refuse(evaluate_glue.main, argv, capsys)
     path = task_file(tmp_path / "two.tsv", [("a line", "x"), ("b line", "y")])
-    assert "leave no training rows" in refuse(evaluate_glue.main, glue(checkpoint, tmp_path, "--task-file", path),
-                                             capsys)
+    argv = glue(checkpoint, tmp_path, "--task-file", path)
+    assert "leave no training rows" in refuse(evaluate_glue.main, argv, capsys)
 
 
 def test_glue_nan_label_names_the_line(checkpoint, tmp_path, capsys):
     path = task_file(tmp_path / "r.tsv", [("a", "0.5"), ("b", "nan"), ("c", "1.5")])
-    line = refuse(evaluate_glue.main, glue(checkpoint, tmp_path, "--task-file", path, "--task-type", "regression"),
-                  capsys)
+    argv = glue(checkpoint, tmp_path, "--task-file", path, "--task-type", "regression")
+    line = refuse(evaluate_glue.main, argv, capsys)
     assert f"{path}, line 3: unknown label 'nan'; expected a finite number" in line
 
 
@@ -247,13 +257,15 @@ def test_glue_invalid_utf8_names_the_file_and_line(checkpoint, tmp_path, capsys)
     (["--warmup", "1"], "--warmup must be in [0, 1)"),
     (["--max-train-examples", "0"], "--max-train-examples must be >= 1 or -1"),
 ])
-def test_glue_protocol_flags_are_checked_before_anything_runs(flags, message, checkpoint, tmp_path, capsys):
+def test_glue_protocol_flags_are_checked_before_anything_runs(flags, message, checkpoint, tmp_path,
+                                                              capsys):
     assert message in refuse(evaluate_glue.main, glue(checkpoint, tmp_path, *flags), capsys)
     assert not (tmp_path / "out").exists()
 
 
 def test_glue_accepts_hugging_face_task_names_in_any_case():
-    assert evaluate_glue.check_tasks(["cola", "SST2", "stsb", "Mnli", "qqp", "mrpc", "qnli", "rte", "wnli"]) == \
+    names = ["cola", "SST2", "stsb", "Mnli", "qqp", "mrpc", "qnli", "rte", "wnli"]
+    assert evaluate_glue.check_tasks(names) == \
         ["CoLA", "SST-2", "STS-B", "MNLI", "QQP", "MRPC", "QNLI", "RTE", "WNLI"]
     with pytest.raises(ValueError, match="unknown task"):
         evaluate_glue.check_tasks(["sst3"])
@@ -272,12 +284,13 @@ def test_glue_refuses_to_score_nan_predictions(checkpoint, tmp_path, monkeypatch
     path = task_file(tmp_path / "t.tsv", rows)
     real = model.Transformer.classify
     monkeypatch.setattr(model.Transformer, "classify", lambda self, *a, **k: {
-        **real(self, *a, **k), **({} if self.training else {"logits": torch.full((a[0].shape[0], 2), float("nan"))})})
+        **real(self, *a, **k),
+        **({} if self.training else {"logits": torch.full((a[0].shape[0], 2), float("nan"))})})
     line = refuse(evaluate_glue.main, glue(checkpoint, tmp_path, "--task-file", path), capsys)
     assert "non-finite predictions" in line and not (tmp_path / "out").exists()
 
 
-# --- grow.py, scaling.py, model.py --------------------------------------------------------------------------------
+# --- grow.py, scaling.py, model.py ----------------------------------------------------------------
 
 def test_grow_cli_names_an_unknown_preset_in_one_line(capsys):
     assert "unknown model preset 'huge'" in refuse(grow.main, ["compound", "huge"], capsys)

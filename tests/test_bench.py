@@ -1,11 +1,13 @@
-"""Specification of the benchmarks bench/bench_model.py, bench_cram.py and bench_recipe.py: python -m pytest -q tests/test_bench.py
+"""Specification of the benchmarks in bench/: python -m pytest -q tests/test_bench.py
 
-The numbers they print depend on the machine. For bench_model (throughput, MFU) what is checked is that it runs,
-times the same work for both models, and turns a throughput into MFU with model.py's FLOP count. For bench_cram
-(ours against Hugging Face BERT at equal wall clock): the speedup analysis on synthetic curves, that both models
-get the same masked targets, that a tiny learning-rate sweep reports every run, and the downstream tasks (which play,
-word order). The ModernBERT baseline (--baseline modernbert, the default): our shape and about our
-parameter count, sparse prediction over exactly our masked positions, its sweep and schedule.
+The benchmarks are bench/bench_model.py, bench_cram.py and bench_recipe.py. The numbers they print
+depend on the machine. For bench_model (throughput, MFU) what is checked is that it runs, times
+the same work for both models, and turns a throughput into MFU with model.py's FLOP count. For
+bench_cram (ours against Hugging Face BERT at equal wall clock): the speedup analysis on synthetic
+curves, that both models get the same masked targets, that a tiny learning-rate sweep reports
+every run, and the downstream tasks (which play, word order). The ModernBERT baseline
+(--baseline modernbert, the default): our shape and about our parameter count, sparse prediction
+over exactly our masked positions, its sweep and schedule.
 """
 import importlib.util
 import json
@@ -35,8 +37,8 @@ def bench_model():
 
 def run_bench(bench_model, monkeypatch, tmp_path, *flags):
     out = tmp_path / "result.json"
-    monkeypatch.setattr(sys, "argv", ["bench_model.py", "--preset", "tiny", "--batch-size", "2", "--steps", "2",
-                                      "--out", str(out), *flags])
+    monkeypatch.setattr(sys, "argv", ["bench_model.py", "--preset", "tiny", "--batch-size", "2",
+                                      "--steps", "2", "--out", str(out), *flags])
     bench_model.main()
     return json.loads(out.read_text())
 
@@ -46,30 +48,34 @@ def test_batch_masks_the_same_positions_for_the_sparse_and_the_dense_loss(bench_
     b = bench_model.make_batch(cfg, batch_size=3, device="cpu")
     k = round(cfg["mask_rate"] * cfg["max_seq_len"])
     assert b["positions"].shape == b["labels"].shape == (3, k)
-    assert ((b["dense"] != -100).sum(1) == k).all()                          # k distinct masked slots per row
+    assert ((b["dense"] != -100).sum(1) == k).all()         # k distinct masked slots per row
     assert torch.equal(b["dense"].gather(1, b["positions"]), b["labels"])
-    assert (b["ids"].gather(1, b["positions"]) == 4).all()                   # the [MASK] id at every target
+    assert (b["ids"].gather(1, b["positions"]) == 4).all()  # the [MASK] id at every target
 
 
-def test_our_model_alone_reports_throughput_and_mfu_against_the_gpu_peak(bench_model, monkeypatch, tmp_path):
-    monkeypatch.setattr(bench_model, "gpu_peak_flops", lambda device: 1e12)  # pretend a 1 TFLOP/s accelerator
+def test_our_model_alone_reports_throughput_and_mfu_against_the_gpu_peak(bench_model, monkeypatch,
+                                                                          tmp_path):
+    # Pretend a 1 TFLOP/s accelerator.
+    monkeypatch.setattr(bench_model, "gpu_peak_flops", lambda device: 1e12)
     result = run_bench(bench_model, monkeypatch, tmp_path, "--skip-hf")
     cfg = model.make_config("tiny")
     assert result["params_ours"] == model.count_params(cfg) and result["tokens_per_s_ours"] > 0
     assert "speedup" not in result
-    assert result["mfu_ours"] == pytest.approx(result["tokens_per_s_ours"] * model.flops_per_token(cfg) / 1e12,
-                                               abs=1e-3)
+    mfu = result["tokens_per_s_ours"] * model.flops_per_token(cfg) / 1e12
+    assert result["mfu_ours"] == pytest.approx(mfu, abs=1e-3)
 
 
 def test_mfu_is_not_reported_without_a_known_gpu_peak(bench_model, monkeypatch, tmp_path):
-    assert "mfu_ours" not in run_bench(bench_model, monkeypatch, tmp_path, "--skip-hf")  # the CPU has no table entry
+    result = run_bench(bench_model, monkeypatch, tmp_path, "--skip-hf")
+    assert "mfu_ours" not in result  # the CPU has no table entry
 
 
 def test_comparison_with_hugging_face_bert_prints_the_ratio(bench_model, monkeypatch, tmp_path):
     pytest.importorskip("transformers")
     result = run_bench(bench_model, monkeypatch, tmp_path, "--baseline", "bert")
-    assert result["speedup"] == pytest.approx(result["tokens_per_s_ours"] / result["tokens_per_s_hf"], rel=1e-2)
-    assert result["params_hf"] > result["params_ours"]                       # post-LN BERT: biases, dense MLM head
+    ratio = result["tokens_per_s_ours"] / result["tokens_per_s_hf"]
+    assert result["speedup"] == pytest.approx(ratio, rel=1e-2)
+    assert result["params_hf"] > result["params_ours"]  # post-LN BERT: biases, dense MLM head
 
 
 def n_params(net):
@@ -155,9 +161,10 @@ def test_levers_time_each_against_our_fp32_eager_step(bench_model, monkeypatch, 
     assert result["params_ours"] == model.count_params(model.make_config("tiny", n_layers=1,
                                                                          positions="rotary"))
     levers = result["levers"]
-    assert list(levers) == ["fp32 eager (reference)", "fused AdamW", "bf16 autocast, SDPA attention",
-                            "bf16 autocast (matmul attention on CPU)", "torch.compile, fp32",
-                            "torch.compile, bf16"]
+    assert list(levers) == ["fp32 eager (reference)", "fused AdamW",
+                            "bf16 autocast, SDPA attention",
+                            "bf16 autocast (matmul attention on CPU)",
+                            "torch.compile, fp32", "torch.compile, bf16"]
     assert levers["fp32 eager (reference)"]["ratio"] == 1.0
     for lever in levers.values():
         assert lever["tokens_per_s"] > 0 and lever["share_of_fp32_mm"] > 0
@@ -178,15 +185,16 @@ def test_config_overrides_parse_ints_booleans_and_strings(bench_model):
 
 
 def test_compiled_model_runs(bench_model, monkeypatch, tmp_path):
-    assert run_bench(bench_model, monkeypatch, tmp_path, "--skip-hf", "--compile")["tokens_per_s_ours"] > 0
+    result = run_bench(bench_model, monkeypatch, tmp_path, "--skip-hf", "--compile")
+    assert result["tokens_per_s_ours"] > 0
 
 
 # =============================================================================
 # bench/bench_cram.py: the side-by-side cramming benchmark (ours vs HF BERT at equal wall clock)
 
-TINY_BENCH = ["--data", "sample", "--vocab-size", "512", "--n-layers", "1", "--d-model", "32", "--n-heads", "2",
-              "--ffn-dim", "96", "--max-seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256",
-              "--eval-batches", "2", "--threads", "1"]
+TINY_BENCH = ["--data", "sample", "--vocab-size", "512", "--n-layers", "1", "--d-model", "32",
+              "--n-heads", "2", "--ffn-dim", "96", "--max-seq-len", "32", "--micro-batch", "4",
+              "--batch-tokens", "256", "--eval-batches", "2", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +204,9 @@ def bench_cram():
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """One torch thread for this file's runs (more threads than free cores crawl on a shared CPU), then back."""
+    """One torch thread for this file's runs, then back.
+
+    More threads than free cores crawl on a shared CPU."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -208,8 +218,9 @@ def sweep(bench_cram, sample_cache, one_thread, tmp_path_factory):
     """One tiny benchmark: ours, then HF BERT at two learning rates, 2 s each."""
     pytest.importorskip("transformers")
     out = str(tmp_path_factory.mktemp("bench_cram"))
-    results = bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--minutes", "0.03", "--hf-lrs", "1e-3,3e-3",
-                                            "--baseline", "bert", "--no-downstream", "--out", out])
+    results = bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--minutes", "0.03",
+                                            "--hf-lrs", "1e-3,3e-3", "--baseline", "bert",
+                                            "--no-downstream", "--out", out])
     return results, out
 
 
@@ -230,34 +241,38 @@ def curve(*points):
     return [{"elapsed": t, "tokens": n, "val_loss": loss} for t, n, loss in points]
 
 
-def test_time_to_loss_interpolates_between_evaluations_and_says_when_a_loss_is_not_reached(bench_cram):
+def test_time_to_loss_interpolates_between_evaluations_and_says_when_a_loss_is_not_reached(
+        bench_cram):
     c = curve((10, 100, 6.0), (20, 200, 5.0), (30, 300, 4.0))
-    assert bench_cram.time_to_loss(c, 5.5) == pytest.approx(15.0)                 # halfway between 6.0 and 5.0
+    assert bench_cram.time_to_loss(c, 5.5) == pytest.approx(15.0)  # halfway between 6.0 and 5.0
     assert bench_cram.time_to_loss(c, 4.25, key="tokens") == pytest.approx(275.0)
-    assert bench_cram.time_to_loss(c, 7.0) == 10                                   # already below at the first
-    assert bench_cram.time_to_loss(c, 3.9) is None                                 # never reached
+    assert bench_cram.time_to_loss(c, 7.0) == 10                   # already below at the first
+    assert bench_cram.time_to_loss(c, 3.9) is None                 # never reached
     bumpy = curve((10, 100, 5.0), (20, 200, 5.5), (30, 300, 4.5))
-    assert bench_cram.time_to_loss(bumpy, 5.0) == 10                               # the first time it got there
+    assert bench_cram.time_to_loss(bumpy, 5.0) == 10               # the first time it got there
 
 
 def test_speedups_at_hf_final_loss_separate_throughput_from_recipe(bench_cram):
-    hf = curve((10, 1000, 6.0), (20, 2000, 5.0))                       # HF reaches its final 5.0 at 20 s
-    ours = curve((10, 2000, 5.5), (20, 4000, 4.5))                     # twice the tokens/s; 5.0 at 15 s
+    hf = curve((10, 1000, 6.0), (20, 2000, 5.0))    # HF reaches its final 5.0 at 20 s
+    ours = curve((10, 2000, 5.5), (20, 4000, 4.5))  # twice the tokens/s; 5.0 at 15 s
     c = bench_cram.compare(ours, hf)
     assert c["target_loss"] == c["hf_final_loss"] == 5.0 and c["ours_final_loss"] == 4.5
     assert (c["hf_seconds"], c["ours_seconds"], c["time_speedup"]) == pytest.approx((20, 15, 4 / 3))
-    assert (c["hf_tokens"], c["ours_tokens"], c["token_speedup"]) == pytest.approx((2000, 3000, 2 / 3))
+    assert (c["hf_tokens"], c["ours_tokens"], c["token_speedup"]) == pytest.approx(
+        (2000, 3000, 2 / 3))
     slow = bench_cram.compare(curve((10, 500, 6.5), (20, 1000, 5.2)), hf)
     assert slow["ours_seconds"] is slow["time_speedup"] is slow["token_speedup"] is None
 
 
-def test_the_baseline_is_the_hf_lr_with_the_lowest_final_loss_and_diverged_runs_never_win(bench_cram):
+def test_the_baseline_is_the_hf_lr_with_the_lowest_final_loss_and_diverged_runs_never_win(
+        bench_cram):
     def run(kind, lr, seed, losses):
         points = curve(*[(10 * (i + 1), 100 * (i + 1), x) for i, x in enumerate(losses)])
-        return {"model": kind, "lr": lr, "seed": seed, "curve": points, "final_loss": losses[-1] if losses else None,
+        return {"model": kind, "lr": lr, "seed": seed, "curve": points,
+                "final_loss": losses[-1] if losses else None,
                 "tokens_per_s": 10 if kind == "hf" else 20}
-    runs = [run("ours", None, 0, [6.0, 4.0]), run("hf", 1e-4, 0, [6.5, 5.5]), run("hf", 1e-3, 0, [6.0, 5.0]),
-            run("hf", 1e-2, 0, [])]                                   # 1e-2 diverged: no final loss
+    runs = [run("ours", None, 0, [6.0, 4.0]), run("hf", 1e-4, 0, [6.5, 5.5]),
+            run("hf", 1e-3, 0, [6.0, 5.0]), run("hf", 1e-2, 0, [])]  # 1e-2 diverged: no final loss
     a = bench_cram.analyze(runs)
     assert a["best_lr"] == 1e-3 and set(a["hf_mean_final_loss"]) == {"0.0001", "0.001"}
     assert len(a["per_seed"]) == 1 and a["per_seed"][0]["target_loss"] == 5.0
@@ -267,15 +282,16 @@ def test_the_baseline_is_the_hf_lr_with_the_lowest_final_loss_and_diverged_runs_
 def test_our_gated_ffn_width_matches_the_weights_of_hf_bert_ffn(bench_cram):
     for intermediate in (256, 1024, 3072):
         f = bench_cram.ours_ffn_dim(intermediate, "geglu")
-        assert f % 32 == 0 and abs(3 * f - 2 * intermediate) <= 3 * 16   # 3 d f weights vs HF's 2 d I
+        # 3 d f weights vs HF's 2 d I
+        assert f % 32 == 0 and abs(3 * f - 2 * intermediate) <= 3 * 16
     assert bench_cram.ours_ffn_dim(1024, "gelu") == 1024
-    cfg = model.make_config("base", n_layers=4, d_model=256, n_heads=4, ffn_dim=bench_cram.ours_ffn_dim(1024, "geglu"),
-                            vocab_size=8192)
-    assert 0.95 < model.count_params(cfg) / 5.36e6 < 1.0               # HF BERT of that shape: 5.36 M
+    cfg = model.make_config("base", n_layers=4, d_model=256, n_heads=4,
+                            ffn_dim=bench_cram.ours_ffn_dim(1024, "geglu"), vocab_size=8192)
+    assert 0.95 < model.count_params(cfg) / 5.36e6 < 1.0  # HF BERT of that shape: 5.36 M
 
 
-def test_both_models_get_identical_masked_targets_for_the_same_loader_position(bench_cram, sample_cache, one_thread,
-                                                                              tmp_path, monkeypatch):
+def test_both_models_get_identical_masked_targets_for_the_same_loader_position(
+        bench_cram, sample_cache, one_thread, tmp_path, monkeypatch):
     import data
     import train
     from loader import Loader, make_loader
@@ -287,8 +303,9 @@ def test_both_models_get_identical_masked_targets_for_the_same_loader_position(b
             seen.append(batch)
         return batch
     monkeypatch.setattr(Loader, "next_batch", recording)
-    train.main(["--data", "sample", "--cache", sample_cache, "--vocab-size", "512", "--model", "tiny",
-                "--max-seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256", "--eval-batches", "1",
+    train.main(["--data", "sample", "--cache", sample_cache, "--vocab-size", "512",
+                "--model", "tiny", "--max-seq-len", "32", "--micro-batch", "4",
+                "--batch-tokens", "256", "--eval-batches", "1",
                 "--max-steps", "2", "--seed", "3", "--out", str(tmp_path)])
     monkeypatch.setattr(Loader, "next_batch", next_batch)
     meta = data.prepare_data("sample", sample_cache, {"vocab_size": 512}, progress=False)
@@ -298,7 +315,8 @@ def test_both_models_get_identical_masked_targets_for_the_same_loader_position(b
         hf = hf_loader.next_batch(4, 32)
         dense = bench_cram.dense_labels(hf)
         assert torch.equal(hf["input_ids"], ours["input_ids"])
-        targets = {(r, int(p)): int(y) for r in range(4) for p, y in zip(ours["label_positions"][r], ours["labels"][r])
+        targets = {(r, int(p)): int(y)
+                   for r in range(4) for p, y in zip(ours["label_positions"][r], ours["labels"][r])
                    if y != -100}
         hf_targets = {(r, p): int(dense[r, p]) for r, p in (dense != -100).nonzero().tolist()}
         assert targets == hf_targets and len(targets) > 0
@@ -308,19 +326,21 @@ def test_hf_learning_rate_sweep_reports_every_lr_and_picks_the_best(bench_cram, 
     results, out = sweep
     runs = results["runs"]
     assert [(r["model"], r["lr"]) for r in runs] == [("ours", None), ("hf", 1e-3), ("hf", 3e-3)]
-    assert results["settings"]["order"] == ["ours seed 0", "hf lr 0.001 seed 0", "hf lr 0.003 seed 0"]
+    assert results["settings"]["order"] == ["ours seed 0", "hf lr 0.001 seed 0",
+                                            "hf lr 0.003 seed 0"]
     assert results["settings"]["threads"] == 1
     for r in runs:
         assert r["status"] == "budget spent" and r["tokens"] > 0 and r["curve"]
         assert r["curve"][-1]["val_loss"] == pytest.approx(r["final_loss"])
-        assert r["elapsed"] == pytest.approx(0.03 * 60, abs=1.5)      # the same budget for every run
+        assert r["elapsed"] == pytest.approx(0.03 * 60, abs=1.5)  # the same budget for every run
     hf = [r for r in runs if r["model"] == "hf"]
     assert results["analysis"]["best_lr"] == min(hf, key=lambda r: r["final_loss"])["lr"]
     assert runs[1]["params"] > runs[0]["params"] > 0.8 * runs[1]["params"]  # about the same size
     with open(os.path.join(out, "results.json")) as f:
         assert json.load(f)["analysis"] == results["analysis"]
-    again = bench_cram.main(["--analyze-only", "--out", out])           # no training, the same answer
-    assert again["analysis"] == results["analysis"] and "HF BERT lr 0.003" in capsys.readouterr().out
+    again = bench_cram.main(["--analyze-only", "--out", out])  # no training, the same answer
+    assert again["analysis"] == results["analysis"]
+    assert "HF BERT lr 0.003" in capsys.readouterr().out
 
 
 def test_play_task_has_disjoint_balanced_splits_in_the_task_file_format(bench_cram, tmp_path):
@@ -329,8 +349,9 @@ def test_play_task_has_disjoint_balanced_splits_in_the_task_file_format(bench_cr
     assert (task["n_train"], task["n_dev"]) == (6 * 300, 6 * 60)
     name, spec, parsed = evaluate_glue.load_task_file(task["train"], task["dev"])
     train_rows, dev_rows = parsed["train"], parsed["dev"][""]
-    assert train_rows["skipped"] == dev_rows["skipped"] == 0 and spec["classes"] == sorted(bench_cram.PLAYS)
-    assert not set(train_rows["a"]) & set(dev_rows["a"])                # dev lines never seen in fine-tuning
+    assert train_rows["skipped"] == dev_rows["skipped"] == 0
+    assert spec["classes"] == sorted(bench_cram.PLAYS)
+    assert not set(train_rows["a"]) & set(dev_rows["a"])  # dev lines never seen in fine-tuning
     for rows, n in ((train_rows, 300), (dev_rows, 60)):
         assert np.bincount(rows["labels"]).tolist() == [n] * 6          # balanced classes
         assert all(len(s.split()) >= 6 and s.upper() != s and "[" not in s for s in rows["a"])
@@ -351,10 +372,12 @@ def test_word_order_task_scrambles_half_of_each_split_and_keeps_the_words(bench_
         for text, label in zip(rows["a"], rows["labels"]):
             if label == 0:
                 assert text in originals
-            else:                                                         # the same words, another order
+            else:  # the same words, another order
                 assert text not in originals and tuple(sorted(text.split())) in by_words
-    source = lambda rows: {by_words[tuple(sorted(t.split()))] for t in rows["a"]}
-    assert not source(train_rows) & source(dev_rows)                      # no line in both splits, in any order
+
+    def source(rows):
+        return {by_words[tuple(sorted(t.split()))] for t in rows["a"]}
+    assert not source(train_rows) & source(dev_rows)  # no line in both splits, in any order
 
 
 def test_word_order_lines_come_from_the_documents_pretraining_holds_out(bench_cram, sample_cache):
@@ -364,7 +387,8 @@ def test_word_order_lines_come_from_the_documents_pretraining_holds_out(bench_cr
     meta = data.prepare_data("sample", sample_cache,
                              {"vocab_size": 512}, progress=False)  # as train.py sees it
     enc = tokenizer.load_tokenizer(os.path.join(meta["dir"], "tokenizer.json"))
-    val_text = "".join(enc.decode(read_shard(os.path.join(meta["dir"], f)).tolist()) for f in meta["val"])
+    val_text = "".join(enc.decode(read_shard(os.path.join(meta["dir"], f)).tolist())
+                       for f in meta["val"])
     held_out = bench_cram.read_plays(bench_cram.CORPUS, bench_cram.HELD_OUT_PLAYS)
     assert all(ls[0] in val_text and ls[-1] in val_text for ls in held_out.values())
     assert bench_cram.read_plays(bench_cram.CORPUS, ["hamlet"])["hamlet"][0] not in val_text
@@ -373,12 +397,14 @@ def test_word_order_lines_come_from_the_documents_pretraining_holds_out(bench_cr
 def test_downstream_fine_tunes_the_pretrained_and_a_random_init_copy(bench_cram, sweep, tmp_path):
     import functools
     results, out = sweep
-    tasks = {"plays": functools.partial(bench_cram.build_play_task, train_per_play=10, dev_per_play=5),
-             "word order": functools.partial(bench_cram.build_order_task, train_per_play=10, dev_per_play=4)}
-    d = bench_cram.downstream(os.path.join(out, "ours_seed0", "final"), str(tmp_path), epochs=1, seeds=1,
-                              tasks=tasks)
+    plays = functools.partial(bench_cram.build_play_task, train_per_play=10, dev_per_play=5)
+    order = functools.partial(bench_cram.build_order_task, train_per_play=10, dev_per_play=4)
+    tasks = {"plays": plays, "word order": order}
+    d = bench_cram.downstream(os.path.join(out, "ours_seed0", "final"), str(tmp_path), epochs=1,
+                              seeds=1, tasks=tasks)
     assert set(d["tasks"]) == {"plays", "word order"}
-    assert d["tasks"]["plays"]["chance"] == pytest.approx(100 / 6) and d["tasks"]["word order"]["chance"] == 50
+    assert d["tasks"]["plays"]["chance"] == pytest.approx(100 / 6)
+    assert d["tasks"]["word order"]["chance"] == 50
     for r in d["tasks"].values():
         assert 0 <= r["pretrained"] <= 100 and 0 <= r["random_init"] <= 100
     init = model.load_model(str(tmp_path / "random_init"))
@@ -398,9 +424,12 @@ def bench_recipe():
 def test_recipe_arms_are_sized_from_the_default_run_and_keep_head_sizes_even(bench_recipe):
     cfg = {"d_model": 64, "n_layers": 2, "ffn_dim": 128, "max_seq_len": 64, "n_heads": 4}
     flags = {name: bench_recipe.arm_flags(name, cfg, 1024, 0.012) for name in bench_recipe.ARMS}
-    assert flags["default"] == "" and flags["lr/2"] == "--lr 0.006" and flags["batch*4"] == "--batch-tokens 4096"
-    assert flags["seq-warmup"] == "--grow '0:max_seq_len=16; 0.2:max_seq_len=32; 0.4:max_seq_len=64'"
-    assert flags["deeper-narrower"] == "--n-layers 4 --d-model 48 --ffn-dim 96"   # head size 12: even
+    assert flags["default"] == "" and flags["lr/2"] == "--lr 0.006"
+    assert flags["batch*4"] == "--batch-tokens 4096"
+    assert flags["seq-warmup"] == ("--grow '0:max_seq_len=16; 0.2:max_seq_len=32; "
+                                   "0.4:max_seq_len=64'")
+    # Head size 12: even.
+    assert flags["deeper-narrower"] == "--n-layers 4 --d-model 48 --ffn-dim 96"
 
 
 def test_recipe_table_reports_each_arm_against_the_default_mean(bench_recipe):
@@ -408,7 +437,7 @@ def test_recipe_table_reports_each_arm_against_the_default_mean(bench_recipe):
     assert rows[1][0] == "lr/2" and abs(rows[1][2] - 3.0) < 1e-12 and abs(rows[1][3] + 0.1) < 1e-12
 
 
-# --- bench_grow: growth against the strongest static baseline ------------------------------------------------
+# --- bench_grow: growth against the strongest static baseline -------------------------------------
 
 @pytest.fixture(scope="module")
 def bench_grow():
@@ -425,20 +454,25 @@ def test_grow_arms_take_compound_fractions_one_dimension_at_a_time(bench_grow):
     assert (cfg["n_layers"], cfg["ffn_dim"], cfg["max_seq_len"], lr) == (8, 128, 64, 0.012)
     flags = bench_grow.arm_flags(cfg, lr)
     assert flags["depth"] == "--lr 0.012 --grow '0:n_layers=2; 0.2:n_layers=4; 0.4:n_layers=8'"
-    assert flags["ffn+seq"] == ("--lr 0.012 --grow '0:ffn_dim=32,max_seq_len=16; 0.2:ffn_dim=64,max_seq_len=32; "
-                                "0.4:ffn_dim=128,max_seq_len=64'")
-    assert flags["depth, method zero"].endswith("0.2:n_layers=4,method=zero; 0.4:n_layers=8,method=zero'")
-    assert flags["static lr x2"] == "--lr 0.024" and flags["static quarter depth"] == "--lr 0.012 --n-layers 2"
+    assert flags["ffn+seq"] == ("--lr 0.012 --grow '0:ffn_dim=32,max_seq_len=16; "
+                                "0.2:ffn_dim=64,max_seq_len=32; 0.4:ffn_dim=128,max_seq_len=64'")
+    assert flags["depth, method zero"].endswith(
+        "0.2:n_layers=4,method=zero; 0.4:n_layers=8,method=zero'")
+    assert flags["static lr x2"] == "--lr 0.024"
+    assert flags["static quarter depth"] == "--lr 0.012 --n-layers 2"
     assert set(bench_grow.BASELINES) <= set(flags)
 
 
 def test_arm_names_that_hold_a_comma_can_be_chosen_with_arms(bench_grow):
     known = bench_grow.arm_flags(*bench_grow.target_config(bench_grow.CPU_TARGET))
-    names, unknown = bench_grow.split_arms("static lr x1,compound, auto, depth,depth, method zero,nope", known)
-    assert names == ["static lr x1", "compound, auto", "depth", "depth, method zero"] and unknown == ["nope"]
+    text = "static lr x1,compound, auto, depth,depth, method zero,nope"
+    names, unknown = bench_grow.split_arms(text, known)
+    assert names == ["static lr x1", "compound, auto", "depth", "depth, method zero"]
+    assert unknown == ["nope"]
 
 
-def test_the_strongest_baseline_is_the_lowest_mean_final_loss_and_missing_runs_are_skipped(bench_grow):
+def test_the_strongest_baseline_is_the_lowest_mean_final_loss_and_missing_runs_are_skipped(
+        bench_grow):
     curves = {"static lr x1": {0: grow_curve((60, 1e9, 4.0)), 1: grow_curve((60, 1e9, 4.2))},
               "static half depth": {0: grow_curve((60, 1e9, 3.9)), 1: grow_curve((60, 1e9, 4.1))},
               "static lr x2": {}}                                           # never ran
@@ -450,15 +484,18 @@ def test_grow_analysis_measures_speedups_against_the_strongest_baseline_only(ben
     base = grow_curve((30, 1e9, 5.0), (60, 2e9, 4.0))
     curves = {"static lr x1": {0: base, 1: base},
               "static lr x2": {0: grow_curve((60, 2e9, 4.5)), 1: grow_curve((60, 2e9, 4.5))},
-              "compound": {0: grow_curve((10, 1e8, 6.0), grown=False) + grow_curve((20, 2e8, 4.5), (30, 4e8, 3.5)),
-                           1: grow_curve((60, 2e9, 4.2))},                  # seed 1 never reaches 4.0
+              "compound": {0: grow_curve((10, 1e8, 6.0), grown=False)
+                           + grow_curve((20, 2e8, 4.5), (30, 4e8, 3.5)),
+                           1: grow_curve((60, 2e9, 4.2))},  # seed 1 never reaches 4.0
               "first stage, static (own length)": {0: grow_curve((60, 1e9, 3.0))}}
     result = bench_grow.analyze(curves)
     assert result["strongest_baseline"] == "static lr x1"
     rows = {r["arm"]: r for r in result["rows"]}
     compound = rows["compound"]
-    assert compound["per_seed"][0]["growth_seconds_to_baseline_loss"] == pytest.approx(25.0)  # 4.5 -> 3.5 at 20 -> 30
-    assert compound["time_speedup"] == pytest.approx((60 / 25, 60 / 25, 60 / 25)) and compound["reached"] == 1
+    # The grown curve goes 4.5 -> 3.5 at 20 -> 30 s.
+    assert compound["per_seed"][0]["growth_seconds_to_baseline_loss"] == pytest.approx(25.0)
+    assert compound["time_speedup"] == pytest.approx((60 / 25, 60 / 25, 60 / 25))
+    assert compound["reached"] == 1
     assert "time_speedup" not in rows["first stage, static (own length)"] and \
         not rows["first stage, static (own length)"]["comparable"]
     assert "time_speedup" not in rows["static lr x1"]

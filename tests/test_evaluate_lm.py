@@ -1,8 +1,9 @@
 """Specification of evaluate_lm.py (zero-shot): python -m pytest -q tests/test_evaluate_lm.py
 
-Tiny models and a tokenizer built here. The scores are checked against explicit computations: the batched
-log-likelihood against a per-token loop, the pseudo-log-likelihood against one masked forward pass per token,
-acc_norm on a case where length normalisation flips the answer, and last-word accuracy on a memorized sentence.
+Tiny models and a tokenizer built here. The scores are checked against explicit computations: the
+batched log-likelihood against a per-token loop, the pseudo-log-likelihood against one masked
+forward pass per token, acc_norm on a case where length normalisation flips the answer, and
+last-word accuracy on a memorized sentence.
 """
 import json
 
@@ -37,11 +38,12 @@ def memorized(enc):
 
 def test_causal_log_likelihood_equals_a_token_by_token_sum(enc):
     net, specials = tiny_model(enc, objective="clm"), tokenizer.special_ids(enc)
-    ctx, conts = enc.encode_ordinary("the cat"), [enc.encode_ordinary(" sat on"), enc.encode_ordinary(" ran")]
+    ctx = enc.encode_ordinary("the cat")
+    conts = [enc.encode_ordinary(" sat on"), enc.encode_ordinary(" ran")]
     scores = evaluate_lm.score_causal(net, specials, ctx, conts)
     for (lp, _), c in zip(scores, conts):
         seq, expected = [specials["sep"]] + ctx, 0.0
-        for token in c:                                   # one forward pass per token, no batching, no padding
+        for token in c:  # one forward pass per token, no batching, no padding
             logits = net(torch.tensor([seq]))["logits"][0, -1].float()
             expected += logits.log_softmax(-1)[token].item()
             seq.append(token)
@@ -69,42 +71,53 @@ def test_acc_norm_divides_by_characters_and_can_flip_the_answer():
 
 def test_continuation_is_the_choice_after_a_space():
     assert evaluate_lm.continuation("the cat", "sat") == " sat"
-    assert evaluate_lm.continuation("the cat ", "sat") == "sat" and evaluate_lm.continuation("x", " y") == " y"
+    assert evaluate_lm.continuation("the cat ", "sat") == "sat"
+    assert evaluate_lm.continuation("x", " y") == " y"
 
 
 def test_last_word_of_a_memorized_sentence_is_predicted_greedily(memorized, enc):
-    metrics, items = evaluate_lm.evaluate_items(memorized, enc, "last_word", [{"text": SENTENCE}], progress=False)
+    metrics, items = evaluate_lm.evaluate_items(memorized, enc, "last_word", [{"text": SENTENCE}],
+                                                progress=False)
     assert metrics["acc"] == 100.0 and items[0]["logprob"] > -1.0
-    metrics, _ = evaluate_lm.evaluate_items(memorized, enc, "last_word", [{"text": "the cat sat on the tree."}],
+    other_ending = [{"text": "the cat sat on the tree."}]
+    metrics, _ = evaluate_lm.evaluate_items(memorized, enc, "last_word", other_ending,
                                             progress=False)
     assert metrics["acc"] == 0.0 and metrics["perplexity"] > 2.0
 
 
-def test_multiple_choice_picks_the_memorized_ending_and_writes_both_result_files(memorized, enc, tmp_path):
+def test_multiple_choice_picks_the_memorized_ending_and_writes_both_result_files(memorized, enc,
+                                                                                 tmp_path):
     path = tmp_path / "mc.jsonl"
-    path.write_text(json.dumps({"context": "the cat sat on the", "choices": ["tree.", "mat."], "label": 1}) + "\n")
+    item = {"context": "the cat sat on the", "choices": ["tree.", "mat."], "label": 1}
+    path.write_text(json.dumps(item) + "\n")
     folder = save_checkpoint(memorized, enc, tmp_path / "ckpt")
     result = evaluate_lm.main(["--checkpoint", folder, "--task-file", str(path), "--no-progress",
                                "--out", str(tmp_path / "out")])
     assert result["tasks"]["mc"]["metrics"] == {"acc": 100.0, "acc_norm": 100.0}
     assert result["scoring"] == "log-likelihood"
     assert json.loads((tmp_path / "out" / "results.json").read_text())["tasks"]["mc"]["n"] == 1
-    assert "| mc | multiple choice | 1 | 100.00 | 100.00 |" in (tmp_path / "out" / "results.md").read_text()
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "| mc | multiple choice | 1 | 100.00 | 100.00 |" in table
 
 
 def test_masked_models_are_scored_by_pll_and_say_so(enc, tmp_path):
     path = tmp_path / "mc.jsonl"
-    path.write_text(json.dumps({"context": "the cat", "choices": ["sat", "ran"], "label": 0}) + "\n")
+    item = {"context": "the cat", "choices": ["sat", "ran"], "label": 0}
+    path.write_text(json.dumps(item) + "\n")
     folder = save_checkpoint(tiny_model(enc), enc, tmp_path / "ckpt")
     result = evaluate_lm.main(["--checkpoint", folder, "--task-file", str(path), "--no-progress"])
-    assert result["scoring"].startswith("PLL") and 0 <= result["tasks"]["mc"]["metrics"]["acc"] <= 100
+    assert result["scoring"].startswith("PLL")
+    assert 0 <= result["tasks"]["mc"]["metrics"]["acc"] <= 100
 
 
 @pytest.mark.parametrize("line,message", [
     ("{not json", ":1: not a JSON object"),
-    ('{"context": "a", "choices": [], "label": 0}', ":1: \"choices\" must be a list of at least two"),
-    ('{"context": "a", "choices": ["b", ""], "label": 0}', ":1: \"choices\" must be a list of at least two"),
-    ('{"context": "a", "choices": ["b", "c"], "label": 2}', ":1: \"label\" must be an index into choices (0..1)"),
+    ('{"context": "a", "choices": [], "label": 0}',
+     ":1: \"choices\" must be a list of at least two"),
+    ('{"context": "a", "choices": ["b", ""], "label": 0}',
+     ":1: \"choices\" must be a list of at least two"),
+    ('{"context": "a", "choices": ["b", "c"], "label": 2}',
+     ":1: \"label\" must be an index into choices (0..1)"),
     ('{"context": "a", "choices": ["b", "c"], "label": true}', "\"label\" must be an index"),
     ('{"question": "a"}', ":1: needs \"context\""),
     ('{"text": "one"}', ":1: \"text\" must be a string of at least two words"),
@@ -124,11 +137,12 @@ def test_built_in_tasks_come_from_held_out_documents_only(tmp_path):
                      f"And a third one about item {i % 5} ends it."} for i in range(200)]
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    meta = data.prepare_data(str(corpus), str(tmp_path / "cache"), {"vocab_size": 320}, progress=False)
+    meta = data.prepare_data(str(corpus), str(tmp_path / "cache"), {"vocab_size": 320},
+                             progress=False)
     held_out = evaluate_lm.held_out_documents(meta["dir"])
-    assert len(held_out) == meta["val_documents"] == 10                  # every 20th document
+    assert len(held_out) == meta["val_documents"] == 10  # every 20th document
     val_ids = {int(d.split()[1]) for d in held_out}
-    assert val_ids == set(range(0, 200, 20))                              # never a training document
+    assert val_ids == set(range(0, 200, 20))              # never a training document
     kind, items = evaluate_lm.build_cloze(held_out, n_items=5)
     again = evaluate_lm.build_cloze(held_out, n_items=5)[1]
     assert kind == "multiple_choice" and items == again and len(items) == 5   # deterministic
@@ -145,7 +159,8 @@ def test_built_in_tasks_need_the_held_out_folder(enc, tmp_path):
         evaluate_lm.main(["--checkpoint", folder, "--task", "cloze"])
 
 
-def test_the_harness_adapter_scores_a_local_task_like_evaluate_lm(memorized, enc, tmp_path, monkeypatch):
+def test_the_harness_adapter_scores_a_local_task_like_evaluate_lm(memorized, enc, tmp_path,
+                                                                  monkeypatch):
     pytest.importorskip("lm_eval", reason="EleutherAI's harness is optional: pip install lm-eval")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     items = [{"context": "the cat sat on the", "choices": ["tree.", "mat.", "sun."], "label": 1},
@@ -159,7 +174,8 @@ def test_the_harness_adapter_scores_a_local_task_like_evaluate_lm(memorized, enc
     (tasks / "local_mc.yaml").write_text(
         "task: growcram_local_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
         f"    test: {jsonl}\ntest_split: test\noutput_type: multiple_choice\n"
-        "doc_to_text: \"{{context}}\"\ndoc_to_choice: \"{{choices}}\"\ndoc_to_target: \"{{label}}\"\n"
+        "doc_to_text: \"{{context}}\"\ndoc_to_choice: \"{{choices}}\"\n"
+        "doc_to_target: \"{{label}}\"\n"
         "metric_list:\n  - metric: acc\n  - metric: acc_norm\n")
     folder = save_checkpoint(memorized, enc, tmp_path / "ckpt")
     harness = evaluate_lm.evaluate_harness(folder, ["growcram_local_mc"], include_path=str(tasks))

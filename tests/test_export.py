@@ -11,8 +11,11 @@ pytest.importorskip("safetensors", reason="export tests need safetensors (option
 os.environ["HF_HUB_OFFLINE"] = "1"  # everything loads from local folders
 
 import transformers  # noqa: E402
-from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM,  # noqa: E402
-                          AutoModelForSequenceClassification)
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+)
 
 import export  # noqa: E402
 import grow  # noqa: E402
@@ -170,8 +173,7 @@ def test_remote_code_is_model_py_without_its_command_line(tmp_path):
     out = exported(tmp_path, seeded_model(tiny()))
     from transformers.dynamic_module_utils import get_imports
     # check_imports would refuse main's lazy `import tokenizer` wherever growcram is not installed
-    assert get_imports(os.path.join(out, "growcram_model.py")) == ["json", "math", "os",
-                                                                    "tempfile", "torch"]
+    assert get_imports(os.path.join(out, "growcram_model.py")) == ["json", "math", "os", "torch"]
     with open(os.path.join(out, "growcram_model.py")) as f:
         copy = f.read()
     with open(model.__file__) as f:

@@ -5,6 +5,7 @@ test (an out-of-memory error at chosen micro-batch sizes, a write that fails wit
 evaluation), and each test fails without the behaviour it checks.
 """
 import errno
+import itertools
 import os
 import time
 
@@ -12,26 +13,28 @@ import pytest
 import torch
 
 import checkpoint
+import files
 import model
 import train
 from conftest import read_log
 from test_train import run, weights
 
-
 # --- out of memory: halve the micro-batch, keep the global batch, retry the step ---------------
 
 def out_of_memory_above(monkeypatch, limit):
-    """forward_backward raises CUDA's out-of-memory error for micro-batches of more than limit
+    """train_step raises CUDA's out-of-memory error for micro-batches of more than limit
     sequences, after reading one micro-batch, as a real step that dies halfway has."""
-    real = train.forward_backward
+    real = train.train_step
 
-    def step(net, loader, accum, shape, amp, too_late):
-        if shape[0] > limit:
-            loader.next_batch(*shape)
+    def step(net, optimizer, micro_batches, **options):
+        batches = iter(micro_batches)
+        first = next(batches)
+        B = first["input_ids"].shape[0]
+        if B > limit:
             raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB "
-                                         f"(micro-batch {shape[0]})")
-        return real(net, loader, accum, shape, amp, too_late)
-    monkeypatch.setattr(train, "forward_backward", step)
+                                         f"(micro-batch {B})")
+        return real(net, optimizer, itertools.chain([first], batches), **options)
+    monkeypatch.setattr(train, "train_step", step)
 
 
 def test_out_of_memory_backs_off_to_the_weights_of_the_smaller_micro_batch(sample_cache, tmp_path,
@@ -51,13 +54,15 @@ def test_out_of_memory_backs_off_to_the_weights_of_the_smaller_micro_batch(sampl
 
 
 def test_a_growth_stage_that_no_longer_fits_backs_off_again(sample_cache, tmp_path, monkeypatch):
-    real = train.forward_backward
+    real = train.train_step
 
-    def step(net, loader, accum, shape, amp, too_late):  # only the grown, 2-layer model is too big
-        if model.unwrap(net).config["n_layers"] == 2 and shape[0] > 2:
+    def step(net, optimizer, micro_batches, **options):  # only the grown 2-layer model is too big
+        batches = iter(micro_batches)
+        first = next(batches)
+        if model.unwrap(net).config["n_layers"] == 2 and first["input_ids"].shape[0] > 2:
             raise torch.OutOfMemoryError("CUDA out of memory.")
-        return real(net, loader, accum, shape, amp, too_late)
-    monkeypatch.setattr(train, "forward_backward", step)
+        return real(net, optimizer, itertools.chain([first], batches), **options)
+    monkeypatch.setattr(train, "train_step", step)
     summary = run(sample_cache, tmp_path, "--max-steps", "10", "--batch-ramp", "0",
                   "--grow", "0:n_layers=1; 0.5:n_layers=2")
     log = read_log(tmp_path)
@@ -78,9 +83,9 @@ def test_out_of_memory_at_one_sequence_is_one_line_naming_the_model_and_its_memo
 
 def test_other_runtime_errors_in_a_step_are_not_taken_for_out_of_memory(sample_cache, tmp_path,
                                                                         monkeypatch):
-    def broken(*args):
+    def broken(*args, **options):
         raise RuntimeError("shape mismatch")
-    monkeypatch.setattr(train, "forward_backward", broken)
+    monkeypatch.setattr(train, "train_step", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         run(sample_cache, tmp_path, "--max-steps", "2")
 
@@ -88,9 +93,9 @@ def test_other_runtime_errors_in_a_step_are_not_taken_for_out_of_memory(sample_c
 # --- a full disk: the checkpoint is lost, the previous one and the run are not ----------------
 
 def disk_full_for(monkeypatch, name, after):
-    """model.atomic_write fails with ENOSPC, halfway through writing, for paths ending in name
+    """files.atomic_write fails with ENOSPC, halfway through writing, for paths ending in name
     once `after` of them have been written."""
-    real, seen = model.atomic_write, []
+    real, seen = files.atomic_write, []
 
     def write(path, fill):
         if str(path).endswith(name):
@@ -101,7 +106,24 @@ def disk_full_for(monkeypatch, name, after):
                     raise OSError(errno.ENOSPC, "No space left on device")
                 return real(path, half)
         return real(path, fill)
-    monkeypatch.setattr(model, "atomic_write", write)
+    monkeypatch.setattr(files, "atomic_write", write)
+
+
+def disk_full_in(monkeypatch, folder):
+    """torch.save fails with ENOSPC, halfway through writing, for files in folder: model.save_model
+    writes model.pt with torch.save itself (model.py imports nothing of the project, so not
+    files.atomic_write)."""
+    real = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        # a path, not an open file: files.atomic_write hands torch.save its temporary file
+        path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+        if path and os.path.abspath(os.path.dirname(path)) == os.path.abspath(folder):
+            with open(f, "wb") as half:
+                half.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, f, *args, **kwargs)
+    monkeypatch.setattr(torch, "save", save)
 
 
 def test_a_full_disk_costs_a_checkpoint_not_the_run_or_the_previous_checkpoint(
@@ -111,30 +133,31 @@ def test_a_full_disk_costs_a_checkpoint_not_the_run_or_the_previous_checkpoint(
     assert summary["status"] == "budget spent" and summary["steps"] == 12
     assert os.path.isfile(tmp_path / "final" / "model.pt")
     kept = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]
-    assert kept["step"] == 4                                           # whole, and the last good one
+    assert kept["step"] == 4  # whole, and the last good one
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]  # no half-written file
     out = capsys.readouterr().out
     assert "no space left on device at step 8" in out and "the previous one is intact" in out
 
 
 def test_a_full_disk_when_writing_the_final_model_is_one_line(sample_cache, tmp_path, monkeypatch):
-    disk_full_for(monkeypatch, "model.pt", after=0)
+    disk_full_in(monkeypatch, tmp_path / "final")
     with pytest.raises(SystemExit) as stop:
         run(sample_cache, tmp_path, "--max-steps", "3")
     line = str(stop.value.code)
     assert "no space left on device" in line and "checkpoint.pt" in line and "\n" not in line
+    assert not [f for f in os.listdir(tmp_path / "final") if f.endswith(".tmp")]
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["step"] == 3
 
 
 def test_the_checkpoint_is_written_before_an_evaluation_that_dies(sample_cache, tmp_path,
                                                                   monkeypatch):
-    real = train.evaluate
+    real = train.HeldOut.evaluate
 
-    def dies_in_the_loop(run_, net, within_budget=False):
+    def dies_in_the_loop(self, net, within_budget=False):
         if within_budget:
             raise RuntimeError("killed during evaluation")
-        return real(run_, net, within_budget)
-    monkeypatch.setattr(train, "evaluate", dies_in_the_loop)
+        return real(self, net, within_budget)
+    monkeypatch.setattr(train.HeldOut, "evaluate", dies_in_the_loop)
     with pytest.raises(RuntimeError, match="killed during evaluation"):
         run(sample_cache, tmp_path, "--max-steps", "10", "--eval-every", "0.5",
             "--checkpoint-steps", "5")

@@ -1,9 +1,10 @@
-"""evaluate_glue.py as a spec: TSV formats, numpy metrics, the GLUE-score convention, downloads, an end-to-end run.
+"""evaluate_glue.py as a spec: TSV formats, numpy metrics, the GLUE-score convention, downloads,
+an end-to-end run.
 
     python -m pytest -q tests/test_glue.py
 
-The fixture glue_data/ below is written in the exact formats of the classic GLUE distribution (a few rows per
-task); the end-to-end run fine-tunes a tiny random model on it on the CPU in seconds.
+The fixture glue_data/ below is written in the exact formats of the classic GLUE distribution (a few
+rows per task); the end-to-end run fine-tunes a tiny random model on it on the CPU in seconds.
 """
 import functools
 import http.server
@@ -26,14 +27,18 @@ from conftest import random_checkpoint
 # -----------------------------------------------------------------------------
 # A fixture glue_data/ in the distributed formats
 
-MNLI_TRAIN_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-                   "sentence1_parse", "sentence2_parse", "sentence1", "sentence2"]
-STSB_HEAD = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2"]
-WORDS = "the cat dog sat ran on a mat big small red house tree quickly slowly happy sad river bank".split()
+MNLI_TRAIN_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+                   "sentence2_binary_parse", "sentence1_parse", "sentence2_parse", "sentence1",
+                   "sentence2"]
+STSB_HEAD = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1",
+             "sentence2"]
+MRPC_HEAD = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
+WORDS = ("the cat dog sat ran on a mat big small red house tree quickly slowly happy sad river "
+         "bank").split()
 
 
 def sentence(i, n=6):
-    """Deterministic varied text; quotes and apostrophes check that nothing treats them as quoting."""
+    """Deterministic varied text; its quotes and apostrophes check that nothing reads quoting."""
     words = [WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n + i % 4)]
     return ('"' if i % 3 == 0 else "") + " ".join(words) + ("'s end ." if i % 2 else " .")
 
@@ -46,25 +51,29 @@ def tsv(path, header, rows, bom=False):
 
 
 def write_fixture(root, n_train=8, n_dev=6, n_test=4):
-    """Every task folder with train/dev/test files as the GLUE distribution lays them out, plus AX."""
+    """Every task folder with train/dev/test files as GLUE's distribution lays them out, and AX."""
     j = os.path.join
     label2 = lambda i: i % 2  # noqa: E731
     nli3 = ["contradiction", "entailment", "neutral"]
     ent2 = ["entailment", "not_entailment"]
     for split, n, off in (("train", n_train, 0), ("dev", n_dev, 100)):
         r = range(off, off + n)
-        tsv(j(root, "CoLA", f"{split}.tsv"), None,  # no header: source, label, original label, sentence
+        # CoLA has no header: source, label, original label, sentence
+        tsv(j(root, "CoLA", f"{split}.tsv"), None,
             [["gj04", label2(i), "" if label2(i) else "*", sentence(i)] for i in r])
-        tsv(j(root, "SST-2", f"{split}.tsv"), ["sentence", "label"], [[sentence(i) + " ", label2(i)] for i in r])
-        tsv(j(root, "MRPC", f"{split}.tsv"), ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+        tsv(j(root, "SST-2", f"{split}.tsv"), ["sentence", "label"],
+            [[sentence(i) + " ", label2(i)] for i in r])
+        tsv(j(root, "MRPC", f"{split}.tsv"), MRPC_HEAD,
             [[label2(i), 1000 + i, 2000 + i, sentence(i), sentence(i + 1)] for i in r], bom=True)
         tsv(j(root, "STS-B", f"{split}.tsv"), STSB_HEAD + ["score"],
-            [[i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", sentence(i), sentence(i + 2),
-              f"{(i % 6) * 0.8:.3f}"] for i in r])
-        qqp = [[i, 3 * i, 3 * i + 1, sentence(i) + "?", sentence(i + 3) + "?", label2(i)] for i in r]
-        if split == "train":  # a malformed row: a question broken by a newline, as in QQP's train file
+            [[i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", sentence(i),
+              sentence(i + 2), f"{(i % 6) * 0.8:.3f}"] for i in r])
+        qqp = [[i, 3 * i, 3 * i + 1, sentence(i) + "?", sentence(i + 3) + "?", label2(i)]
+               for i in r]
+        if split == "train":  # a malformed row: a question cut by a newline, as in QQP's train file
             qqp.insert(2, [99999, 1, 2, "How is the life of a math student?"])
-        tsv(j(root, "QQP", f"{split}.tsv"), ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"], qqp)
+        tsv(j(root, "QQP", f"{split}.tsv"),
+            ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"], qqp)
         parses = ["( a )", "( b )", "(ROOT a)", "(ROOT b)"]
         tsv(j(root, "QNLI", f"{split}.tsv"), ["index", "question", "sentence", "label"],
             [[i, sentence(i) + "?", sentence(i + 1), ent2[i % 2]] for i in r])
@@ -73,27 +82,29 @@ def write_fixture(root, n_train=8, n_dev=6, n_test=4):
                 [[i, sentence(i), sentence(i + 1), labels[i % 2]] for i in r])
         if split == "train":
             tsv(j(root, "MNLI", "train.tsv"), MNLI_TRAIN_HEAD + ["label1", "gold_label"],
-                [[i, i, f"{i}e", "fiction", *parses, sentence(i), sentence(i + 1), nli3[i % 3], nli3[i % 3]]
-                 for i in r])
+                [[i, i, f"{i}e", "fiction", *parses, sentence(i), sentence(i + 1), nli3[i % 3],
+                  nli3[i % 3]] for i in r])
         else:
             for name, o in (("dev_matched", 0), ("dev_mismatched", 50)):
                 tsv(j(root, "MNLI", f"{name}.tsv"),
                     MNLI_TRAIN_HEAD + [f"label{k}" for k in range(1, 6)] + ["gold_label"],
-                    [[i, i, f"{i}n", "travel", *parses, sentence(i + o), sentence(i + o + 1), *[nli3[i % 3]] * 5,
-                      nli3[i % 3]] for i in r])
+                    [[i, i, f"{i}n", "travel", *parses, sentence(i + o), sentence(i + o + 1),
+                      *[nli3[i % 3]] * 5, nli3[i % 3]] for i in r])
     t = range(200, 200 + n_test)
-    tsv(j(root, "CoLA", "test.tsv"), ["index", "sentence"], [[k, sentence(i)] for k, i in enumerate(t)])
-    tsv(j(root, "SST-2", "test.tsv"), ["index", "sentence"], [[k, sentence(i)] for k, i in enumerate(t)])
+    for task in ("CoLA", "SST-2"):
+        tsv(j(root, task, "test.tsv"), ["index", "sentence"],
+            [[k, sentence(i)] for k, i in enumerate(t)])
     tsv(j(root, "MRPC", "test.tsv"), ["index", "#1 ID", "#2 ID", "#1 String", "#2 String"],
         [[k, 3000 + i, 4000 + i, sentence(i), sentence(i + 1)] for k, i in enumerate(t)])
     tsv(j(root, "STS-B", "test.tsv"), STSB_HEAD,
-        [[k, "main-news", "headlines", "2015", f"{i:04d}", "none", "none", sentence(i), sentence(i + 1)]
-         for k, i in enumerate(t)])
+        [[k, "main-news", "headlines", "2015", f"{i:04d}", "none", "none", sentence(i),
+          sentence(i + 1)] for k, i in enumerate(t)])
     tsv(j(root, "QQP", "test.tsv"), ["id", "question1", "question2"],
         [[k, sentence(i) + "?", sentence(i + 1) + "?"] for k, i in enumerate(t)])
     for name in ("test_matched", "test_mismatched"):
         tsv(j(root, "MNLI", f"{name}.tsv"), MNLI_TRAIN_HEAD,
-            [[k, i, f"{i}c", "slate", *parses, sentence(i), sentence(i + 1)] for k, i in enumerate(t)])
+            [[k, i, f"{i}c", "slate", *parses, sentence(i), sentence(i + 1)]
+             for k, i in enumerate(t)])
     tsv(j(root, "QNLI", "test.tsv"), ["index", "question", "sentence"],
         [[k, sentence(i) + "?", sentence(i + 1)] for k, i in enumerate(t)])
     for task in ("RTE", "WNLI"):
@@ -111,25 +122,25 @@ def glue_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, glue_dir):
-    """A tiny random model and a tokenizer trained on the fixture text, saved as a training run would."""
+    """A tiny random model and a tokenizer trained on the fixture text, saved as a run would."""
     return random_checkpoint(tmp_path_factory.mktemp("ckpt"), [sentence(i) for i in range(400)] * 4)
+
 
 # -----------------------------------------------------------------------------
 # Reading the formats
 
-
 def test_cola_train_has_no_header_and_keeps_every_row(glue_dir):
     d = eg.load_task("CoLA", glue_dir)
     assert len(d["train"]["a"]) == 8 and d["train"]["b"] is None
-    assert d["train"]["a"][0] == sentence(0)  # column 4, the leading quote kept verbatim (no quoting)
+    assert d["train"]["a"][0] == sentence(0)  # column 4, its leading quote kept (no quoting)
     assert d["train"]["labels"].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
-    assert d["test"]["CoLA"]["index"] == ["0", "1", "2", "3"]  # the test file does have a header
+    assert d["test"]["CoLA"]["index"] == ["0", "1", "2", "3"]  # the test file has a header
 
 
 def test_qqp_malformed_row_is_skipped_and_counted(glue_dir):
     d = eg.load_task("QQP", glue_dir)
     assert d["train"]["skipped"] == 1 and len(d["train"]["a"]) == 8
-    assert d["test"]["QQP"]["index"] == ["0", "1", "2", "3"]  # QQP's test file calls the column `id`
+    assert d["test"]["QQP"]["index"] == ["0", "1", "2", "3"]  # QQP's test file has `id` for it
 
 
 def test_mrpc_header_with_byte_order_mark_is_read_by_name(glue_dir):
@@ -166,38 +177,45 @@ def test_missing_column_names_the_file_and_column(tmp_path):
 def test_unknown_label_names_the_file_and_row(tmp_path):
     tsv(str(tmp_path / "RTE" / "train.tsv"), ["index", "sentence1", "sentence2", "label"],
         [[0, "a", "b", "entailment"], [1, "a", "b", "maybe"]])
-    with pytest.raises(ValueError, match=r"RTE/train.tsv, line 3: unknown label 'maybe'; expected one of"):
+    message = r"RTE/train.tsv, line 3: unknown label 'maybe'; expected one of"
+    with pytest.raises(ValueError, match=message):
         eg.load_task("RTE", str(tmp_path))
 
 
 def test_cli_turns_bad_input_into_one_line_exit(tmp_path, checkpoint):
     with pytest.raises(SystemExit) as e:
-        eg.main(["--checkpoint", checkpoint, "--glue-dir", str(tmp_path), "--tasks", "CoLA", "--no-progress",
-                 "--out", str(tmp_path / "run")])
-    assert str(e.value).startswith("error: ") and "CoLA" in str(e.value) and "\n" not in str(e.value)
+        eg.main(["--checkpoint", checkpoint, "--glue-dir", str(tmp_path), "--tasks", "CoLA",
+                 "--no-progress", "--out", str(tmp_path / "run")])
+    message = str(e.value)
+    assert message.startswith("error: ") and "CoLA" in message and "\n" not in message
 
 
 def test_task_file_detects_regression_and_holds_out_ten_percent(tmp_path):
     path = str(tmp_path / "mine.tsv")
-    tsv(path, ["sentence1", "sentence2", "label"], [[sentence(i), sentence(i + 1), i * 0.5] for i in range(20)])
+    tsv(path, ["sentence1", "sentence2", "label"],
+        [[sentence(i), sentence(i + 1), i * 0.5] for i in range(20)])
     name, spec, d = eg.load_task_file(path)
-    assert name == "mine" and spec["classes"] is None and spec["metrics"] == ("pearson", "spearman")
+    assert name == "mine" and spec["classes"] is None
+    assert spec["metrics"] == ("pearson", "spearman")
     assert len(d["dev"][""]["a"]) == 2 and len(d["train"]["a"]) == 18
+
 
 # -----------------------------------------------------------------------------
 # Metrics against hand-computed values
-
 
 def test_binary_metrics_match_a_hand_computed_confusion_matrix():
     pred, gold = [1, 1, 0, 0, 1], [1, 0, 0, 1, 1]  # TP 2, FP 1, TN 1, FN 1
     assert eg.accuracy(pred, gold) == pytest.approx(3 / 5)
     assert eg.f1_score(pred, gold) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
-    assert eg.matthews_corrcoef(pred, gold) == pytest.approx((2 * 1 - 1 * 1) / math.sqrt(3 * 3 * 2 * 2))
+    mcc = (2 * 1 - 1 * 1) / math.sqrt(3 * 3 * 2 * 2)
+    assert eg.matthews_corrcoef(pred, gold) == pytest.approx(mcc)
 
 
 def test_multiclass_mcc_matches_a_hand_computation():
-    # c=4 correct of s=6; true counts t=(2,2,2), predicted p=(2,3,1): (4*6 - 12) / sqrt((36-14)(36-12))
-    assert eg.matthews_corrcoef([0, 1, 1, 1, 2, 0], [0, 0, 1, 1, 2, 2]) == pytest.approx(12 / math.sqrt(22 * 24))
+    # c=4 correct of s=6; true counts t=(2,2,2), predicted p=(2,3,1):
+    # (4*6 - 12) / sqrt((36-14)(36-12))
+    mcc = eg.matthews_corrcoef([0, 1, 1, 1, 2, 0], [0, 0, 1, 1, 2, 2])
+    assert mcc == pytest.approx(12 / math.sqrt(22 * 24))
 
 
 def test_constant_predictions_score_zero_for_mcc_and_f1_and_are_undefined_for_correlations():
@@ -205,23 +223,26 @@ def test_constant_predictions_score_zero_for_mcc_and_f1_and_are_undefined_for_co
     assert eg.matthews_corrcoef([1, 1, 1, 1], gold) == 0.0
     assert eg.f1_score([0, 0, 0, 0], gold) == 0.0
     assert eg.f1_score([1, 1, 1, 1], gold) == pytest.approx(2 * 2 / (4 + 2))
-    assert math.isnan(eg.pearson([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]))   # as scipy; the CLI refuses to report it
+    # undefined, as in scipy; the CLI refuses to report it
+    assert math.isnan(eg.pearson([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]))
     assert math.isnan(eg.spearman([3, 3, 3], [1, 2, 3]))
 
 
 def test_pearson_and_spearman_match_hand_computations_with_tied_ranks():
     assert eg.pearson([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
-    assert eg.rankdata([5, 1, 5, 3, 5]).tolist() == [4.0, 1.0, 4.0, 2.0, 4.0]  # three-way tie shares ranks 3,4,5
+    # a three-way tie shares the ranks 3, 4 and 5
+    assert eg.rankdata([5, 1, 5, 3, 5]).tolist() == [4.0, 1.0, 4.0, 2.0, 4.0]
     # ranks x = (1, 2.5, 2.5, 4), y = (1, 2, 3, 4): covariance 4.5, variances 4.5 and 5
     assert eg.spearman([1, 2, 2, 3], [10, 20, 30, 40]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
 
 
 def test_glue_score_is_mean_of_nine_numbers_without_wnli():
-    numbers = {"CoLA": 44.5, "SST-2": 92.2, "MRPC": 87.5, "STS-B": 84.6, "QQP": 87.3, "MNLI-m": 83.9,
-               "MNLI-mm": 84.1, "QNLI": 89.5, "RTE": 53.8, "WNLI": 10.0}
+    numbers = {"CoLA": 44.5, "SST-2": 92.2, "MRPC": 87.5, "STS-B": 84.6, "QQP": 87.3,
+               "MNLI-m": 83.9, "MNLI-mm": 84.1, "QNLI": 89.5, "RTE": 53.8, "WNLI": 10.0}
     score, convention = eg.glue_score(numbers)
     assert score == pytest.approx(78.6, abs=0.05)  # cramming v1 (A6000) row
-    assert "9 numbers" in convention and "WNLI excluded" in convention and "PARTIAL" not in convention
+    assert "9 numbers" in convention and "WNLI excluded" in convention
+    assert "PARTIAL" not in convention
     score, convention = eg.glue_score(numbers, include_wnli=True)
     assert score == pytest.approx((78.6 * 9 + 10.0) / 10, abs=0.05) and "10 numbers" in convention
 
@@ -230,9 +251,9 @@ def test_glue_score_of_a_subset_says_partial():
     score, convention = eg.glue_score({"CoLA": 40.0, "RTE": 60.0})
     assert score == 50.0 and "PARTIAL: 2 of 9 numbers" in convention
 
+
 # -----------------------------------------------------------------------------
 # Inputs and schedule
-
 
 def test_pair_truncation_cuts_the_longer_segment_first():
     ids = {"cls": 1, "sep": 2}
@@ -250,7 +271,7 @@ def test_text_is_cleaned_like_the_pretraining_corpus(tmp_path, checkpoint):
     enc = tokenizer.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
     ids = tokenizer.special_ids(enc)
     split = {"a": ["The CAT sat"], "b": None}
-    with open(tmp_path / "meta.json", "w") as f:  # a prepared-data record saying the corpus was lowercased
+    with open(tmp_path / "meta.json", "w") as f:  # prepared data whose corpus was lowercased
         json.dump({"settings": {"clean": {"lowercase": True}}}, f)
     clean, source = eg.text_cleaning(str(tmp_path))
     assert clean == {"lowercase": True} and source.endswith("meta.json")
@@ -275,8 +296,26 @@ def test_predictions_come_back_in_input_order_despite_length_sorting():
     seqs = [np.arange(n) for n in (3, 7, 1, 4, 4, 9, 2)]
     got = eg.predict(LengthNet(), seqs, 0, 2, torch.device("cpu"), classes=["even", "odd"])
     assert got.tolist() == [1, 1, 1, 0, 0, 1, 0]
-    got = eg.predict(LengthNet(), seqs, 0, 3, torch.device("cpu"), classes=None)  # regression: first output
+    # a regression: the first output
+    got = eg.predict(LengthNet(), seqs, 0, 3, torch.device("cpu"), classes=None)
     assert got.tolist() == [3, 7, 1, 4, 4, 9, 2]
+
+
+def test_each_metric_is_the_median_and_the_submission_comes_from_the_median_run():
+    # MNLI's headline metric is its accuracy averaged over both dev sets: 70, 51 and 59 here
+    runs = [{"seed": 0, "metrics": {"accuracy_m": 80.0, "accuracy_mm": 60.0}},
+            {"seed": 1, "metrics": {"accuracy_m": 50.0, "accuracy_mm": 52.0}},
+            {"seed": 2, "metrics": {"accuracy_m": 58.0, "accuracy_mm": 60.0}}]
+    assert eg.median_run(runs, eg.TASKS["MNLI"], dev_suffixes=["m", "mm"])["seed"] == 2
+    # each metric's own median, which may come from different runs
+    assert eg.median_metrics(runs) == {"accuracy_m": 58.0, "accuracy_mm": 60.0}
+
+
+def test_a_collapsed_fine_tune_is_an_error_not_a_score():
+    task = {"dev": {"": {"labels": np.array([1.0, 2.0, 3.0])}}}
+    constant = {"": np.array([2.0, 2.0, 2.0])}  # every STS-B prediction the same
+    with pytest.raises(ValueError, match="pearson, spearman undefined on dev: every prediction"):
+        eg.dev_metrics(eg.TASKS["STS-B"], constant, task)
 
 
 def test_fine_tuning_lr_warms_up_linearly_then_decays_by_cosine_to_zero():
@@ -284,25 +323,29 @@ def test_fine_tuning_lr_warms_up_linearly_then_decays_by_cosine_to_zero():
     assert eg.lr_factor(60, 10, 110) == pytest.approx(0.5)  # halfway through the cosine
     assert eg.lr_factor(110, 10, 110) == pytest.approx(0.0)
 
+
 # -----------------------------------------------------------------------------
 # End to end: every metric, every submission file
 
-
-def test_end_to_end_tiny_model_produces_every_metric_and_submission_file(tmp_path, glue_dir, checkpoint, capsys):
+def test_end_to_end_tiny_model_produces_every_metric_and_submission_file(tmp_path, glue_dir,
+                                                                         checkpoint, capsys):
     out = str(tmp_path / "run")
-    results = eg.main(["--checkpoint", checkpoint, "--glue-dir", glue_dir, "--out", out, "--epochs", "1",
-                       "--seeds", "1", "--max-train-examples", "6", "--batch-size", "4", "--no-progress"])
+    results = eg.main(["--checkpoint", checkpoint, "--glue-dir", glue_dir, "--out", out,
+                       "--epochs", "1", "--seeds", "1", "--max-train-examples", "6",
+                       "--batch-size", "4", "--no-progress"])
     metrics = {t: set(r["metrics"]) for t, r in results["tasks"].items()}
     assert metrics == {"CoLA": {"mcc"}, "SST-2": {"accuracy"}, "MRPC": {"f1", "accuracy"},
                        "STS-B": {"pearson", "spearman"}, "QQP": {"f1", "accuracy"},
                        "MNLI": {"accuracy_m", "accuracy_mm"},
                        "QNLI": {"accuracy"}, "RTE": {"accuracy"}, "WNLI": {"accuracy"}}
-    assert results["tasks"]["QQP"]["n_train"] == 6 and results["tasks"]["QQP"]["skipped_rows"]["train"] == 1
+    qqp = results["tasks"]["QQP"]
+    assert qqp["n_train"] == 6 and qqp["skipped_rows"]["train"] == 1
     assert results["settings"]["max_len"] == 64  # capped at the tiny model's 64 positions
     nine = list(results["glue_numbers"].values())
     assert len(nine) == 9 and results["glue_score"] == pytest.approx(np.mean(nine))
     printed = capsys.readouterr().out
-    assert "GLUE score (cramming convention: mean of 9 numbers" in printed and "WNLI excluded" in printed
+    assert "GLUE score (cramming convention: mean of 9 numbers" in printed
+    assert "WNLI excluded" in printed
     # the leaderboard's files: header, one row per test example, labels as the task's strings
     sub = os.path.join(out, "submission")
     assert sorted(os.listdir(sub)) == sorted(f"{s}.tsv" for s in eg.SUBMISSION_FILES)
@@ -318,7 +361,8 @@ def test_end_to_end_tiny_model_produces_every_metric_and_submission_file(tmp_pat
         else:
             assert set(preds) <= set(allowed)
     saved = json.load(open(os.path.join(out, "results.json")))
-    assert saved["glue_score"] == pytest.approx(results["glue_score"]) and not saved["missing_submissions"]
+    assert saved["glue_score"] == pytest.approx(results["glue_score"])
+    assert not saved["missing_submissions"]
     table = open(os.path.join(out, "results.md")).read()
     assert "| CoLA | mcc | " in table and "| WNLI | accuracy (not in score) |" in table
 
@@ -326,13 +370,16 @@ def test_end_to_end_tiny_model_produces_every_metric_and_submission_file(tmp_pat
 def test_seeds_report_the_median_and_missing_ax_is_reported(tmp_path, glue_dir, checkpoint):
     no_ax = str(tmp_path / "glue_data")
     shutil.copytree(glue_dir, no_ax, ignore=shutil.ignore_patterns("diagnostic"))
-    r = eg.evaluate(checkpoint, ["RTE", "MNLI"], {"glue_dir": no_ax, "seeds": 3, "out": str(tmp_path / "run"),
-                                                  "epochs": 1, "batch_size": 4, "max_train_examples": 4,
-                                                  "progress": False})
-    per_seed = [p["accuracy"] for p in r["tasks"]["RTE"]["per_seed"]]
-    assert len(per_seed) == 3 and r["tasks"]["RTE"]["metrics"]["accuracy"] == pytest.approx(np.median(per_seed))
-    assert per_seed[r["tasks"]["RTE"]["submission_seed"]] == np.median(per_seed)  # test files from the median run
-    assert r["missing_submissions"]["AX"].endswith(os.path.join("diagnostic", "diagnostic.tsv") + " not found")
+    r = eg.evaluate(checkpoint, ["RTE", "MNLI"],
+                    {"glue_dir": no_ax, "seeds": 3, "out": str(tmp_path / "run"), "epochs": 1,
+                     "batch_size": 4, "max_train_examples": 4, "progress": False})
+    rte = r["tasks"]["RTE"]
+    per_seed = [p["accuracy"] for p in rte["per_seed"]]
+    assert len(per_seed) == 3 and rte["metrics"]["accuracy"] == pytest.approx(np.median(per_seed))
+    # the test files come from the median run
+    assert per_seed[rte["submission_seed"]] == np.median(per_seed)
+    ax_file = os.path.join("diagnostic", "diagnostic.tsv")
+    assert r["missing_submissions"]["AX"].endswith(ax_file + " not found")
     assert r["missing_submissions"]["CoLA"] == "its task was not run"
     assert not os.path.exists(str(tmp_path / "run" / "submission" / "AX.tsv"))
     assert "PARTIAL: 3 of 9 numbers" in r["glue_convention"]
@@ -343,32 +390,36 @@ def test_a_task_file_is_fine_tuned_end_to_end_and_gets_no_glue_score(tmp_path, c
     tsv(path, ["sentence", "label"], [[sentence(i), ["neg", "pos"][i % 2]] for i in range(20)])
     r = eg.evaluate(checkpoint, None, {"task_file": path, "seeds": 1, "epochs": 1, "batch_size": 4,
                                        "progress": False, "out": str(tmp_path / "run")})
-    assert set(r["tasks"]) == {"sentiment"} and set(r["tasks"]["sentiment"]["metrics"]) == {"accuracy", "mcc"}
+    assert set(r["tasks"]) == {"sentiment"}
+    assert set(r["tasks"]["sentiment"]["metrics"]) == {"accuracy", "mcc"}
     assert r["glue_score"] is None
-    assert r["missing_submissions"] == {}               # no GLUE task ran: no leaderboard files are missing
+    assert r["missing_submissions"] == {}  # no GLUE task ran: no leaderboard files are missing
+
 
 # -----------------------------------------------------------------------------
 # Download against a local HTTP server
 
-
 def build_mirror(glue_dir, root):
-    """The public layout: task zips and AX.tsv under glue/, SentEval's raw MRPC files under senteval/."""
+    """The public layout: task zips and AX.tsv under glue/, SentEval's raw MRPC files under
+    senteval/."""
     os.makedirs(os.path.join(root, "glue"))
     os.makedirs(os.path.join(root, "senteval"))
     for task, zip_name in download.ZIPS.items():
         with zipfile.ZipFile(os.path.join(root, "glue", zip_name), "w") as z:
             for f in sorted(os.listdir(os.path.join(glue_dir, task))):
                 z.write(os.path.join(glue_dir, task, f), f"{task}/{f}")
-    shutil.copy(os.path.join(glue_dir, "diagnostic", "diagnostic.tsv"), os.path.join(root, "glue", "AX.tsv"))
+    shutil.copy(os.path.join(glue_dir, "diagnostic", "diagnostic.tsv"),
+                os.path.join(root, "glue", "AX.tsv"))
     _, train, _ = eg.read_tsv(os.path.join(glue_dir, "MRPC", "train.tsv"))
     _, dev, _ = eg.read_tsv(os.path.join(glue_dir, "MRPC", "dev.tsv"))
-    cols = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
-    mixed = [dev[0]] + train[:4] + dev[1:] + train[4:]  # dev pairs are picked by id, wherever they are
-    tsv(os.path.join(root, "senteval", "msr_paraphrase_train.txt"), cols, [[r[c] for c in cols] for r in mixed],
-        bom=True)
-    tsv(os.path.join(root, "senteval", "msr_paraphrase_test.txt"), cols,
+    # the dev pairs are picked by their ids, wherever they are in the file
+    mixed = [dev[0]] + train[:4] + dev[1:] + train[4:]
+    tsv(os.path.join(root, "senteval", "msr_paraphrase_train.txt"), MRPC_HEAD,
+        [[r[c] for c in MRPC_HEAD] for r in mixed], bom=True)
+    tsv(os.path.join(root, "senteval", "msr_paraphrase_test.txt"), MRPC_HEAD,
         [[1, 3000 + i, 4000 + i, sentence(i), sentence(i + 1)] for i in range(200, 204)], bom=True)
-    tsv(os.path.join(root, "glue", "mrpc_dev_ids.tsv"), None, [[r["#1 ID"], r["#2 ID"]] for r in dev])
+    tsv(os.path.join(root, "glue", "mrpc_dev_ids.tsv"), None,
+        [[r["#1 ID"], r["#2 ID"]] for r in dev])
 
 
 @pytest.fixture
@@ -379,7 +430,8 @@ def mirror(tmp_path, glue_dir):
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(Quiet, directory=root))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
@@ -388,21 +440,27 @@ def mirror(tmp_path, glue_dir):
 
 def test_download_reproduces_the_glue_folder(tmp_path, glue_dir, mirror):
     dest = str(tmp_path / "downloaded")
-    eg.main(["--download", "--glue-dir", dest, "--download-url", mirror + "/glue/", "--mrpc-url", mirror + "/senteval"])
+    eg.main(["--download", "--glue-dir", dest, "--download-url", mirror + "/glue/",
+             "--mrpc-url", mirror + "/senteval"])
     for task in eg.TASKS:
         for f in ("train.tsv", "dev.tsv", "dev_matched.tsv", "test.tsv", "test_matched.tsv"):
             if os.path.exists(os.path.join(glue_dir, task, f)):
-                got, want = eg.read_tsv(os.path.join(dest, task, f))[1], eg.read_tsv(os.path.join(glue_dir, task, f))[1]
-                assert got == want, f"{task}/{f}"
-    assert open(os.path.join(dest, "QQP", "train.tsv")).readline().startswith("id\tqid1")  # no QQP/STS-B swap
+                got = eg.read_tsv(os.path.join(dest, task, f))[1]
+                assert got == eg.read_tsv(os.path.join(glue_dir, task, f))[1], f"{task}/{f}"
+    # QQP's own file, not STS-B's: the two addresses are not swapped
+    assert open(os.path.join(dest, "QQP", "train.tsv")).readline().startswith("id\tqid1")
     assert os.path.isfile(os.path.join(dest, "diagnostic", "diagnostic.tsv"))
-    assert not [f for f in os.listdir(dest) if f.endswith((".zip", ".tmp")) or f.startswith(".extract")]
-    download.download_glue(dest, list(eg.TASKS), base_url="http://invalid.invalid/")  # all present: nothing fetched
+    leftovers = [f for f in os.listdir(dest)
+                 if f.endswith((".zip", ".tmp")) or f.startswith(".extract")]
+    assert not leftovers
+    # every task is there: nothing is fetched, so an unreachable address does not matter
+    download.download_glue(dest, list(eg.TASKS), base_url="http://invalid.invalid/")
 
 
 def test_download_missing_file_fails_at_once_naming_the_url(tmp_path, mirror):
     with pytest.raises(SystemExit, match=r"download failed: .*/nowhere/RTE.zip: HTTP 404"):
-        download.download_glue(str(tmp_path / "g"), ["RTE"], base_url=mirror + "/nowhere/", retry_wait_s=60)
+        download.download_glue(str(tmp_path / "g"), ["RTE"], base_url=mirror + "/nowhere/",
+                               retry_wait_s=60)
 
 
 def test_download_offline_is_one_line_error(tmp_path):
@@ -411,7 +469,9 @@ def test_download_offline_is_one_line_error(tmp_path):
     port = s.getsockname()[1]
     s.close()  # nothing listens here now: connection refused
     with pytest.raises(SystemExit) as e:
-        download.download_glue(str(tmp_path / "g"), ["RTE"], base_url=f"http://127.0.0.1:{port}/", retries=2, retry_wait_s=0)
+        download.download_glue(str(tmp_path / "g"), ["RTE"], base_url=f"http://127.0.0.1:{port}/",
+                               retries=2, retry_wait_s=0)
     msg = str(e.value)
-    assert msg.startswith(f"download failed: cannot download http://127.0.0.1:{port}/RTE.zip") and "\n" not in msg
+    assert msg.startswith(f"download failed: cannot download http://127.0.0.1:{port}/RTE.zip")
+    assert "\n" not in msg
     assert not os.listdir(str(tmp_path / "g"))  # no partial files left behind

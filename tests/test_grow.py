@@ -10,12 +10,14 @@ from conftest import POSITIONS, read_log, seeded_model
 
 
 def tiny(**overrides):
-    """conftest's tiny config with max_seq_len 16 instead of 32, so that these tests can grow it to 32."""
+    """conftest's tiny config with max_seq_len 16 instead of 32, so that tests can grow it to 32."""
     return conftest.tiny(**{"max_seq_len": 16, **overrides})
 
 
 def perturbed_model(cfg, seed=0):
-    """seeded_model with norm affines and biases moved away from 1/0, so copies that forget to scale show."""
+    """seeded_model with norm affines and biases moved away from 1/0.
+
+    Copies that forget to scale them then show."""
     net = seeded_model(cfg, seed)
     with torch.no_grad():
         for name, p in net.named_parameters():
@@ -32,12 +34,16 @@ def batch(B=2, T=12, vocab=100, seed=1):
 
 
 def logit_change(cfg, growth, **options):
-    """max |delta logits| between a model and its grown copy on the same padded batch (fp32, eval, CPU)."""
+    """max |delta logits| between a model and its grown copy on the same padded batch.
+
+    In fp32, in eval mode, on the CPU."""
     net = perturbed_model(cfg)
     grown, _ = grow.grow_model(net, {**cfg, **growth}, **options)
     ids, mask = batch()
     with torch.no_grad():
-        return (net(ids, attention_mask=mask)["logits"] - grown(ids, attention_mask=mask)["logits"]).abs().max().item()
+        before = net(ids, attention_mask=mask)["logits"]
+        after = grown(ids, attention_mask=mask)["logits"]
+        return (before - after).abs().max().item()
 
 
 def adamw(net):
@@ -61,11 +67,13 @@ def train_steps(net, optimizer, steps, seed=1):
 # --- schedules ------------------------------------------------------------------------
 
 def test_schedule_example_parses_into_full_configs():
-    stages = grow.parse_schedule("0:n_layers=4,d_model=384,max_seq_len=64; 0.25:n_layers=8,max_seq_len=128; "
-                                 "0.5:n_layers=16,d_model=768", model.make_config("base"))
+    stages = grow.parse_schedule("0:n_layers=4,d_model=384,max_seq_len=64; "
+                                 "0.25:n_layers=8,max_seq_len=128; 0.5:n_layers=16,d_model=768",
+                                 model.make_config("base"))
     shapes = [(s["at"], s["config"]["n_layers"], s["config"]["d_model"], s["config"]["n_heads"],
                s["config"]["max_seq_len"]) for s in stages]
-    assert shapes == [(0.0, 4, 384, 6, 64), (0.25, 8, 384, 6, 128), (0.5, 16, 768, 12, 128)]  # heads follow hidden
+    # The heads follow the hidden size.
+    assert shapes == [(0.0, 4, 384, 6, 64), (0.25, 8, 384, 6, 128), (0.5, 16, 768, 12, 128)]
     assert stages[-1]["config"] == model.make_config("base")
 
 
@@ -81,9 +89,10 @@ def test_presets_start_small_and_end_at_the_target(preset):
 
 def test_the_older_short_schedule_keys_still_work_as_aliases():
     base = model.make_config("base")
-    assert (grow.parse_schedule("0:layers=4,hidden=384,heads=6,ffn=768,seq=64; 0.5:layers=16,hidden=768", base)
-            == grow.parse_schedule("0:n_layers=4,d_model=384,n_heads=6,ffn_dim=768,max_seq_len=64; "
-                                   "0.5:n_layers=16,d_model=768", base))
+    old_keys = "0:layers=4,hidden=384,heads=6,ffn=768,seq=64; 0.5:layers=16,hidden=768"
+    new_keys = ("0:n_layers=4,d_model=384,n_heads=6,ffn_dim=768,max_seq_len=64; "
+                "0.5:n_layers=16,d_model=768")
+    assert grow.parse_schedule(old_keys, base) == grow.parse_schedule(new_keys, base)
 
 
 def test_describe_prints_a_shape_in_the_config_names_as_a_valid_schedule_stage():
@@ -123,14 +132,17 @@ def test_rewarm_factor_ramps_linearly_from_the_growth():
 def test_ffn_growth_preserves_logits(positions, objective):
     cfg = tiny(positions=positions, objective=objective)
     assert grow.preserves_function(cfg, {**cfg, "ffn_dim": 80})
-    assert logit_change(cfg, {"ffn_dim": 80}) <= 1e-5            # 48 -> 80: a non-integer factor is still exact
+    # 48 -> 80: a non-integer factor is still exact.
+    assert logit_change(cfg, {"ffn_dim": 80}) <= 1e-5
 
 
 @pytest.mark.parametrize("norm,norm_position,activation,bias,tie", [
     ("layernorm", "post", "gelu", True, True), ("rmsnorm", "pre", "swiglu", False, False),
     ("layernorm", "pre", "gelu", True, False), ("rmsnorm", "post", "geglu", True, True)])
-def test_ffn_growth_preserves_logits_for_every_block_option(norm, norm_position, activation, bias, tie):
-    cfg = tiny(norm=norm, norm_position=norm_position, activation=activation, bias=bias, tie_embeddings=tie)
+def test_ffn_growth_preserves_logits_for_every_block_option(norm, norm_position, activation, bias,
+                                                            tie):
+    cfg = tiny(norm=norm, norm_position=norm_position, activation=activation, bias=bias,
+               tie_embeddings=tie)
     assert logit_change(cfg, {"ffn_dim": 96}) <= 1e-5
 
 
@@ -158,18 +170,21 @@ def test_hidden_growth_by_an_integer_factor_preserves_logits(positions, objectiv
         assert logit_change(cfg, {"d_model": d, "n_heads": heads}) <= 1e-5
 
 
-@pytest.mark.parametrize("positions,reason", [("sinusoidal", "a width-64 model has other sinusoids"),
-                                              ("alibi", "ALiBi slopes depend on the head count")])
+@pytest.mark.parametrize("positions,reason", [
+    ("sinusoidal", "a width-64 model has other sinusoids"),
+    ("alibi", "ALiBi slopes depend on the head count")])
 def test_hidden_growth_is_not_preserving_with_sinusoidal_or_alibi_positions(positions, reason):
     cfg = tiny(positions=positions)
     assert not grow.preserves_function(cfg, {**cfg, "d_model": 64, "n_heads": 8})
-    assert logit_change(cfg, {"d_model": 64, "n_heads": 8}) > 1e-4, reason   # far above the 1e-5 tolerance
+    # Far above the 1e-5 tolerance.
+    assert logit_change(cfg, {"d_model": 64, "n_heads": 8}) > 1e-4, reason
 
 
 def test_hidden_growth_by_a_non_integer_factor_is_only_approximate():
-    cfg = tiny(positions="rotary")                                # 32 -> 48: half the coordinates get 2 copies
+    cfg = tiny(positions="rotary")  # 32 -> 48: half the coordinates get 2 copies
     assert not grow.preserves_function(cfg, {**cfg, "d_model": 48, "n_heads": 6})
-    assert 1e-3 < logit_change(cfg, {"d_model": 48, "n_heads": 6}) < 1.0   # LayerNorm statistics shift
+    # LayerNorm statistics shift.
+    assert 1e-3 < logit_change(cfg, {"d_model": 48, "n_heads": 6}) < 1.0
 
 
 @pytest.mark.parametrize("objective", ["mlm", "clm"])
@@ -190,7 +205,8 @@ def test_learned_position_rows_are_kept_and_new_rows_copy_old_ones():
     net = perturbed_model(tiny(positions="learned"))
     grown, _ = grow.grow_model(net, {**net.config, "max_seq_len": 40})
     old, new = net.pos_emb.weight, grown.pos_emb.weight
-    assert torch.equal(new[:16], old) and torch.equal(new[16:32], old) and torch.equal(new[32:], old[:8])
+    assert (torch.equal(new[:16], old) and torch.equal(new[16:32], old)
+            and torch.equal(new[32:], old[:8]))
 
 
 def test_noise_changes_the_logits_in_proportion_to_its_size():
@@ -202,7 +218,8 @@ def test_noise_changes_the_logits_in_proportion_to_its_size():
 
 # --- stacking -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method,sources", [("stack", [0, 1, 0, 1, 0]), ("interleave", [0, 0, 0, 1, 1])])
+@pytest.mark.parametrize("method,sources", [("stack", [0, 1, 0, 1, 0]),
+                                            ("interleave", [0, 0, 0, 1, 1])])
 def test_stacking_copies_layers_bitwise(method, sources):
     net = perturbed_model(tiny())
     grown, _ = grow.grow_model(net, {**net.config, "n_layers": 5}, method=method)
@@ -227,8 +244,8 @@ def test_stacking_is_not_function_preserving():
 
 def test_zero_insertion_refuses_post_ln():
     with pytest.raises(ValueError, match="pre-LN"):
-        grow.grow_model(perturbed_model(tiny(norm_position="post")), tiny(norm_position="post", n_layers=4),
-                        method="zero")
+        grow.grow_model(perturbed_model(tiny(norm_position="post")),
+                        tiny(norm_position="post", n_layers=4), method="zero")
 
 
 def test_hidden_growth_refuses_post_ln():
@@ -268,9 +285,10 @@ def test_zeroed_output_projections_receive_gradients_and_training_lowers_the_los
     grown, mapping = grow.grow_model(net, tiny(n_layers=4), method="zero")
     ids, _ = batch()
     grown.train()(ids, labels=ids)["loss"].backward()
-    for i in (1, 3):                                               # interleave: layers 1 and 3 are the new ones
+    for i in (1, 3):  # interleave: layers 1 and 3 are the new ones
         block = grown.blocks[i]
-        assert torch.count_nonzero(block.out.weight) == 0 and torch.count_nonzero(block.down.weight) == 0
+        assert (torch.count_nonzero(block.out.weight) == 0
+                and torch.count_nonzero(block.down.weight) == 0)
         assert block.out.weight.grad.abs().sum() > 0 and block.down.weight.grad.abs().sum() > 0
     losses = train_steps(grown, adamw(grown), 8)
     assert losses[-1] < losses[0] - 0.1
@@ -286,7 +304,7 @@ def test_msg_gate_opens_during_training_and_gated_blocks_learn():
     assert all(g.item() == pytest.approx(0.25) for g in gates)
     assert all(p.grad.abs().sum() > 0 for p in grown.blocks[3].parameters())
     with torch.no_grad():
-        grown.eval()(ids)                                          # eval passes do not move the gate
+        grown.eval()(ids)  # eval passes do not move the gate
     assert gates[0].item() == pytest.approx(0.25)
     losses = train_steps(grown, adamw(grown), 8)
     assert gates[0].item() == 1.0 and losses[-1] < losses[0] - 0.1
@@ -298,7 +316,8 @@ def test_exact_copies_stay_copies_without_noise_and_diverge_with_it():
     for noise in (0.0, 1e-3):
         grown, _ = grow.grow_model(perturbed_model(cfg), {**cfg, "ffn_dim": 96}, noise=noise)
         train_steps(grown, adamw(grown), 3)
-        up = grown.blocks[0].up.weight                             # gated: rows [gate 0..95; value 0..95]
+        # Gated: rows [gate 0..95; value 0..95].
+        up = grown.blocks[0].up.weight
         spread[noise] = (up[:48] - up[48:96]).abs().max().item()  # a unit and its copy
     assert spread[0.0] < 1e-6 < 1e-4 < spread[1e-3]
 
@@ -320,8 +339,10 @@ def test_carry_keeps_untouched_moments_bitwise_and_the_step_count():
     old_params = dict(net.named_parameters())
     for name in ("tok_emb.weight", "pos_emb.weight", "blocks.0.qkv.weight", "blocks.1.norm2.weight",
                  "final_norm.bias"):
-        old, new = optimizer.state[old_params[name]], new_opt.state[dict(grown.named_parameters())[name]]
-        assert torch.equal(old["exp_avg"], new["exp_avg"]) and torch.equal(old["exp_avg_sq"], new["exp_avg_sq"])
+        old = optimizer.state[old_params[name]]
+        new = new_opt.state[dict(grown.named_parameters())[name]]
+        assert (torch.equal(old["exp_avg"], new["exp_avg"])
+                and torch.equal(old["exp_avg_sq"], new["exp_avg_sq"]))
         assert new["step"].item() == 2.0
 
 
@@ -337,26 +358,29 @@ def test_carry_scaled_splits_moments_of_duplicated_units():
     net, optimizer, grown, mapping = trained_pair({"ffn_dim": 64})
     new_opt = grow.grow_optimizer(optimizer, net, grown, mapping, adamw, {"new_moments": "scaled"})
     old, new = optimizer.state[net.blocks[0].up.weight], new_opt.state[grown.blocks[0].up.weight]
-    # gelu half of the gated up-projection: units 0..15 have 2 copies (j and 48 + j), units 16..47 one.
+    # In the gelu half of the gated up-projection, units 0..15 have 2 copies (j and 48 + j) and
+    # units 16..47 have one.
     assert torch.allclose(new["exp_avg"][:16], old["exp_avg"][:16] / 2)
     assert torch.allclose(new["exp_avg"][48:64], old["exp_avg"][:16] / 2)
     assert torch.allclose(new["exp_avg_sq"][48:64], old["exp_avg_sq"][:16] / 4)
     assert torch.equal(new["exp_avg"][16:48], old["exp_avg"][16:48])
-    # down reads the copies: its weights were halved, its gradient is unchanged, so its moments are copied.
+    # down reads the copies: its weights were halved, its gradient is unchanged,
+    # so its moments are copied.
     assert torch.equal(new_opt.state[grown.blocks[0].down.weight]["exp_avg"][:, 48:],
                        optimizer.state[net.blocks[0].down.weight]["exp_avg"][:, :16])
 
 
-@pytest.mark.parametrize("policy,new_moments", [("carry", "zero"), ("carry", "scaled"), ("fresh", "zero")])
+@pytest.mark.parametrize("policy,new_moments",
+                         [("carry", "zero"), ("carry", "scaled"), ("fresh", "zero")])
 def test_every_parameter_of_the_grown_model_updates(policy, new_moments):
-    net, optimizer, grown, mapping = trained_pair({"n_layers": 4, "d_model": 64, "n_heads": 8, "ffn_dim": 64,
-                                                   "max_seq_len": 32}, method="zero")
+    growth = {"n_layers": 4, "d_model": 64, "n_heads": 8, "ffn_dim": 64, "max_seq_len": 32}
+    net, optimizer, grown, mapping = trained_pair(growth, method="zero")
     new_opt = grow.grow_optimizer(optimizer, net, grown, mapping, adamw,
                                   {"policy": policy, "new_moments": new_moments})
     owned = [p for group in new_opt.param_groups for p in group["params"]]
     assert len(owned) == len(set(map(id, owned))) == len(list(grown.parameters()))
     before = {n: p.detach().clone() for n, p in grown.named_parameters()}
-    train_steps(grown, new_opt, 2)                                # the first step moves out/down off zero
+    train_steps(grown, new_opt, 2)  # the first step moves out/down off zero
     for name, p in grown.named_parameters():
         assert not torch.equal(p, before[name]), f"{name} did not update"
     if policy == "fresh":
@@ -367,7 +391,8 @@ def test_apply_stage_returns_a_loggable_event():
     net = perturbed_model(tiny())
     stages = grow.parse_schedule("0:n_layers=2; 0.5:n_layers=4,ffn_dim=96,method=zero", tiny())
     grown, new_opt, event = grow.apply_stage(net, adamw(net), stages[1], adamw)
-    assert event["from"] == "n_layers=2 d_model=32 n_heads=4 ffn_dim=48 max_seq_len=16" and event["to"] == "n_layers=4 d_model=32 n_heads=4 ffn_dim=96 max_seq_len=16"
+    assert event["from"] == "n_layers=2 d_model=32 n_heads=4 ffn_dim=48 max_seq_len=16"
+    assert event["to"] == "n_layers=4 d_model=32 n_heads=4 ffn_dim=96 max_seq_len=16"
     assert event["params"] > event["params_before"] and event["function_preserving"] is True
     assert event["at"] == 0.5 and event["method"] == "zero" and event["optimizer"] == "carry/zero"
     assert grown.config == stages[1]["config"]
@@ -376,19 +401,24 @@ def test_apply_stage_returns_a_loggable_event():
 # --- end to end through train.py ------------------------------------------------------------
 
 def test_a_schedule_runs_end_to_end_through_train_py(sample_cache, tmp_path):
-    schedule = "0:n_layers=1,ffn_dim=32,max_seq_len=16; 0.3:n_layers=2,ffn_dim=64,max_seq_len=32,method=zero; 0.6:n_layers=4"
+    schedule = ("0:n_layers=1,ffn_dim=32,max_seq_len=16; "
+                "0.3:n_layers=2,ffn_dim=64,max_seq_len=32,method=zero; 0.6:n_layers=4")
     out = tmp_path / "run"
-    summary = train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32",
-                          "--micro-batch", "4", "--batch-tokens", "256", "--eval-batches", "2", "--log-every", "1",
-                          "--cache", sample_cache, "--out", str(out), "--max-steps", "30", "--lr", "3e-3",
-                          "--grow", schedule])
+    summary = train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny",
+                          "--max-seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256",
+                          "--eval-batches", "2", "--log-every", "1",
+                          "--cache", sample_cache, "--out", str(out), "--max-steps", "30",
+                          "--lr", "3e-3", "--grow", schedule])
     records = read_log(out)
     events = [r for r in records if r["kind"] == "grow"]
     assert [(e["from"], e["to"]) for e in events] == [
-        ("n_layers=1 d_model=64 n_heads=4 ffn_dim=32 max_seq_len=16", "n_layers=2 d_model=64 n_heads=4 ffn_dim=64 max_seq_len=32"),
-        ("n_layers=2 d_model=64 n_heads=4 ffn_dim=64 max_seq_len=32", "n_layers=4 d_model=64 n_heads=4 ffn_dim=64 max_seq_len=32")]
-    assert [e["step"] for e in events] == [9, 18]                  # the first steps past 30% and 60% of 30 steps
-    assert [e["method"] for e in events] == ["zero", "stack"] and [e["at"] for e in events] == [0.3, 0.6]
+        ("n_layers=1 d_model=64 n_heads=4 ffn_dim=32 max_seq_len=16",
+         "n_layers=2 d_model=64 n_heads=4 ffn_dim=64 max_seq_len=32"),
+        ("n_layers=2 d_model=64 n_heads=4 ffn_dim=64 max_seq_len=32",
+         "n_layers=4 d_model=64 n_heads=4 ffn_dim=64 max_seq_len=32")]
+    assert [e["step"] for e in events] == [9, 18]  # the first steps past 30% and 60% of 30 steps
+    assert [e["method"] for e in events] == ["zero", "stack"]
+    assert [e["at"] for e in events] == [0.3, 0.6]
     for e in events:
         assert e["params"] > e["params_before"]
         assert all(key in e for key in ("val_loss_before", "val_loss_after", "elapsed"))
@@ -400,17 +430,19 @@ def test_a_schedule_runs_end_to_end_through_train_py(sample_cache, tmp_path):
 
 def test_train_py_rewarms_the_learning_rate_after_growth(sample_cache, tmp_path):
     out = tmp_path / "run"
-    train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32", "--micro-batch", "4",
-                "--batch-tokens", "128", "--eval-batches", "1", "--log-every", "1", "--cache", sample_cache,
-                "--out", str(out), "--max-steps", "20", "--grow", "0:layers=1; 0.5:layers=2", "--grow-rewarm", "0.2",
-                "--lr", "1e-3"])
+    train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32",
+                "--micro-batch", "4", "--batch-tokens", "128", "--eval-batches", "1",
+                "--log-every", "1", "--cache", sample_cache, "--out", str(out), "--max-steps", "20",
+                "--grow", "0:layers=1; 0.5:layers=2", "--grow-rewarm", "0.2", "--lr", "1e-3"])
     steps = {r["step"]: r for r in read_log(out) if r["kind"] == "train"}
-    # growth happens before step 11 (p = 0.5); the rate then climbs linearly back over 0.2 of the budget = 4 steps
-    factors = [steps[s]["lr"] / (1e-3 * train.lr_multiplier(steps[s]["progress"])) for s in (10, 11, 12, 13, 15, 16)]
+    # Growth happens before step 11 (p = 0.5); the rate then climbs back linearly over 0.2 of the
+    # budget, which is 4 steps.
+    factors = [steps[s]["lr"] / (1e-3 * train.lr_multiplier(steps[s]["progress"]))
+               for s in (10, 11, 12, 13, 15, 16)]
     assert factors == pytest.approx([1.0, 0.0, 0.25, 0.5, 1.0, 1.0])
 
 
-# --- when to grow, from the run (--grow-when auto) -------------------------------------------------------------
+# --- when to grow, from the run (--grow-when auto) ------------------------------------------------
 
 def power_law(flops, exponent, scale=10.0):
     return [(c, scale * c ** exponent) for c in flops]
@@ -424,25 +456,29 @@ def test_auto_grows_when_the_loss_flattens_not_while_it_falls_steeply():
     steep, flat = power_law([1e9, 2e9, 4e9], -0.2), power_law([1e9, 2e9, 4e9], -0.01)
     assert grow.auto_should_grow(steep, 0.1, 1, 3) == (False, None)
     assert grow.auto_should_grow(flat, 0.1, 1, 3) == (True, "slope")
-    assert grow.auto_should_grow(flat[:2], 0.1, 1, 3) == (False, None)        # too few evaluations to judge
+    # Too few evaluations to judge.
+    assert grow.auto_should_grow(flat[:2], 0.1, 1, 3) == (False, None)
 
 
 def test_auto_stage_deadlines_leave_the_full_model_its_share_of_the_budget():
     assert [grow.auto_deadline(k, 3) for k in (1, 2)] == pytest.approx([0.3, 0.6])
     steep = power_law([1e9, 2e9, 4e9], -0.2)
     assert grow.auto_should_grow(steep, 0.3, 1, 3) == (True, "deadline")
-    assert grow.auto_should_grow(steep, 0.99, 3, 3) == (False, None)          # never past the last stage
+    assert grow.auto_should_grow(steep, 0.99, 3, 3) == (False, None)  # never past the last stage
 
 
 def test_auto_on_a_synthetic_run_grows_in_order_and_stops_at_the_last_stage():
-    """Each stage's loss follows its own power law that flattens over time; the decision only moves forward."""
+    """Each stage's loss follows its own power law that flattens over time.
+
+    The decision only moves forward."""
     stage, points, history = 0, [], []
     for i in range(1, 101):
         p, flops = i / 100, 1e9 * i
-        points.append((flops, 5.0 * flops ** (-0.3 / (1 + 5 * len(points)))))  # flatter with every evaluation
+        # Flatter with every evaluation.
+        points.append((flops, 5.0 * flops ** (-0.3 / (1 + 5 * len(points)))))
         due, _ = grow.auto_should_grow(points, p, stage + 1, 3)
         if due:
             stage, points = stage + 1, []
         history.append(stage)
-    assert history == sorted(history) and history[-1] == 2                    # never shrinks, ends at the target
-    assert history.index(2) <= 60                                              # by the last deadline
+    assert history == sorted(history) and history[-1] == 2  # never shrinks, ends at the target
+    assert history.index(2) <= 60                            # by the last deadline

@@ -22,10 +22,13 @@ OPTION_GRID = list(itertools.product(
     [False, True], [False, True], ["mlm", "clm"]))
 
 
-@pytest.mark.parametrize("positions,norm,norm_position,activation,bias,embedding_norm,objective", OPTION_GRID)
-def test_every_option_combination_trains(positions, norm, norm_position, activation, bias, embedding_norm, objective):
-    cfg = tiny(positions=positions, norm=norm, norm_position=norm_position, activation=activation, bias=bias,
-               embedding_norm=embedding_norm, objective=objective, n_layers=1, d_model=16, ffn_dim=16)
+@pytest.mark.parametrize("positions,norm,norm_position,activation,bias,embedding_norm,objective",
+                         OPTION_GRID)
+def test_every_option_combination_trains(positions, norm, norm_position, activation, bias,
+                                         embedding_norm, objective):
+    cfg = tiny(positions=positions, norm=norm, norm_position=norm_position, activation=activation,
+               bias=bias, embedding_norm=embedding_norm, objective=objective, n_layers=1,
+               d_model=16, ffn_dim=16)
     net = seeded_model(cfg).train()
     x = tokens(T=8)
     out = net(x, labels=x)
@@ -44,17 +47,21 @@ def test_vocab_is_padded_to_a_multiple_of_64():
 
 def test_base_preset_is_the_crammed_bert_shape():
     cfg = model.make_config("base")
-    assert (cfg["n_layers"], cfg["d_model"], cfg["n_heads"], cfg["max_seq_len"], cfg["vocab_size"]) == (16, 768, 12, 128, 32768)
-    assert (cfg["norm_position"], cfg["activation"], cfg["bias"], cfg["embedding_norm"], cfg["tie_embeddings"]) == ("pre", "geglu", False, True, True)
+    assert (cfg["n_layers"], cfg["d_model"], cfg["n_heads"], cfg["max_seq_len"],
+            cfg["vocab_size"]) == (16, 768, 12, 128, 32768)
+    assert (cfg["norm_position"], cfg["activation"], cfg["bias"], cfg["embedding_norm"],
+            cfg["tie_embeddings"]) == ("pre", "geglu", False, True, True)
     assert cfg["positions"] == "sinusoidal" and cfg["dropout"] == 0.0
-    # 119.6 M parameters, 94.4 M without embeddings, and 623 MFLOP per token (cramming.md's accounting).
+    # 119.6 M parameters, 94.4 M without embeddings, and 623 MFLOP per token
+    # (cramming.md's accounting).
     assert round(model.count_params(cfg) / 1e6, 1) == 119.6
     assert round(model.count_params(cfg, embeddings=False) / 1e6, 1) == 94.4
     assert round(model.flops_per_token(cfg) / 1e6) == 623
 
 
 def test_presets_grow_in_size():
-    sizes = [model.count_params(model.make_config(p)) for p in ["tiny", "mini", "small", "base", "large"]]
+    presets = ["tiny", "mini", "small", "base", "large"]
+    sizes = [model.count_params(model.make_config(p)) for p in presets]
     assert sizes == sorted(sizes) and len(set(sizes)) == 5
 
 
@@ -67,7 +74,7 @@ def test_causal_decoder_ignores_future_tokens(positions):
     y = x.clone()
     y[0, 7] = (y[0, 7] + 1) % 100
     a, b = net(x)["logits"], net(y)["logits"]
-    assert torch.equal(a[:, :7], b[:, :7])           # positions before the change are bitwise unchanged
+    assert torch.equal(a[:, :7], b[:, :7])  # positions before the change are bitwise unchanged
     assert not torch.allclose(a[:, 7:], b[:, 7:])
 
 
@@ -85,7 +92,8 @@ def test_encoder_sees_future_tokens(positions):
 def test_padding_changes_no_real_token_output(positions, objective):
     net = seeded_model(tiny(positions=positions, objective=objective))
     short = tokens(B=1, T=7)
-    padded = torch.cat([short, torch.randint(0, 100, (1, 5))], dim=1)  # 5 pad slots holding arbitrary ids
+    # 5 pad slots, holding arbitrary ids.
+    padded = torch.cat([short, torch.randint(0, 100, (1, 5))], dim=1)
     mask = torch.tensor([[1] * 7 + [0] * 5])
     alone = net.encode(short)
     with_pad = net.encode(padded, attention_mask=mask)[:, :7]
@@ -110,22 +118,25 @@ def test_padding_mask_is_per_sequence():
 @pytest.mark.parametrize("objective", ["mlm", "clm"])
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_bf16_autocast_gives_the_fp32_loss_and_finite_fp32_gradients(positions, objective):
-    """train.py runs the model under torch.autocast(bf16) on GPUs; CPU autocast takes the same code paths
-    (float masks cast to the query dtype, the loss computed in fp32, the weights and their gradients kept fp32)."""
+    """train.py runs the model under torch.autocast(bf16) on GPUs; CPU autocast takes the same code
+    paths (float masks cast to the query dtype, the loss computed in fp32, the weights and their
+    gradients kept fp32)."""
     net = seeded_model(tiny(positions=positions, objective=objective)).train()
     x = tokens(B=2, T=12)
     mask = torch.ones(2, 12, dtype=torch.long)
     mask[1, 9:] = 0                                                # one padded sequence
     positions_ = torch.tensor([[1, 4, 7], [0, 3, 8]]) if objective == "mlm" else None
     labels = x.gather(1, positions_) if objective == "mlm" else x
-    reference = net(x, attention_mask=mask, labels=labels, label_positions=positions_)["loss"].item()
+    fp32 = net(x, attention_mask=mask, labels=labels, label_positions=positions_)
+    reference = fp32["loss"].item()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = net(x, attention_mask=mask, labels=labels, label_positions=positions_)
         with torch.no_grad():  # with a backward to follow, the fused loss returns no logits
             logits = net(x, attention_mask=mask, label_positions=positions_)["logits"]
     assert logits.dtype == torch.bfloat16 and out["loss"].dtype == torch.float32
     assert out["logits"] is None                                   # model.FusedCrossEntropy
-    assert abs(out["loss"].item() - reference) < 0.02 * reference  # bf16 keeps ~3 significant digits
+    # bf16 keeps ~3 significant digits.
+    assert abs(out["loss"].item() - reference) < 0.02 * reference
     out["loss"].backward()
     for name, p in net.named_parameters():
         assert p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), name
@@ -138,8 +149,10 @@ def attention_inputs(B=2, H=3, T=10, hd=8, seed=0):
 
 @pytest.mark.parametrize("kind", ["none", "padding", "causal", "float"])
 def test_matmul_attention_computes_what_sdpa_computes(kind):
-    """model.matmul_attention (bf16 on a CPU) against F.scaled_dot_product_attention: outputs and
-    gradients equal in fp32, for no mask, a padding mask, causality and an ALiBi-style float mask."""
+    """model.matmul_attention (bf16 on a CPU) against F.scaled_dot_product_attention.
+
+    Outputs and gradients are equal in fp32, for no mask, a padding mask, causality and an
+    ALiBi-style float mask."""
     q, k, v = attention_inputs()
     mask, causal = None, kind == "causal"
     if kind == "padding":
@@ -179,7 +192,7 @@ def test_fused_cross_entropy_gives_the_loss_and_gradients_of_logits_plus_cross_e
     loss = model.FusedCrossEntropy.apply(h, w, labels)
     ref = F.cross_entropy(h @ w.T, labels, ignore_index=-100)
     assert abs(loss.item() - ref.item()) < 1e-5
-    grads = torch.autograd.grad(2.5 * loss, (h, w))                       # the upstream gradient scales
+    grads = torch.autograd.grad(2.5 * loss, (h, w))  # the upstream gradient scales
     ref_grads = torch.autograd.grad(2.5 * ref, (h, w))
     assert max((a - b).abs().max() for a, b in zip(grads, ref_grads)) < 1e-5
 
@@ -214,7 +227,8 @@ def test_training_in_bf16_on_a_cpu_takes_the_fused_loss_and_matches_the_unfused_
 def test_sparse_mlm_loss_equals_dense_loss_on_masked_positions():
     net = seeded_model(tiny())
     x = tokens(B=3, T=16)
-    positions = torch.stack([torch.randperm(16, generator=torch.Generator().manual_seed(s))[:4] for s in range(3)])
+    positions = torch.stack([torch.randperm(16, generator=torch.Generator().manual_seed(s))[:4]
+                             for s in range(3)])
     targets = torch.randint(0, 100, (3, 4))
     targets[2, 1] = -100                                        # an ignored slot stays ignored
     dense_labels = torch.full((3, 16), -100).scatter(1, positions, targets)
@@ -240,20 +254,23 @@ def test_relative_positions_depend_only_on_offsets(positions, objective):
 def test_absolute_positions_change_with_offsets(positions):
     net = seeded_model(tiny(positions=positions))
     x = tokens(B=2, T=10)
-    assert (net.encode(x) - net.encode(x, position_ids=torch.arange(10)[None] + 13)).abs().max() > 1e-3
+    shifted = torch.arange(10)[None] + 13
+    assert (net.encode(x) - net.encode(x, position_ids=shifted)).abs().max() > 1e-3
 
 
 def test_alibi_slopes_follow_the_paper():
     assert torch.allclose(model.alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
     twelve = model.alibi_slopes(12)    # 8 geometric slopes, then 4 interleaved from the 16-head set
-    assert torch.allclose(twelve[8:], torch.tensor([2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5]))
+    interleaved = torch.tensor([2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5])
+    assert torch.allclose(twelve[8:], interleaved)
 
 
 # --- accounting ---------------------------------------------------------------------
 
 ACCOUNTING_CASES = [
-    {}, {"bias": True}, {"norm": "rmsnorm"}, {"activation": "gelu"}, {"positions": "learned"}, {"tie_embeddings": False},
-    {"norm_position": "post", "embedding_norm": False}, {"num_labels": 3}, {"objective": "clm", "positions": "rotary"},
+    {}, {"bias": True}, {"norm": "rmsnorm"}, {"activation": "gelu"}, {"positions": "learned"},
+    {"tie_embeddings": False}, {"norm_position": "post", "embedding_norm": False},
+    {"num_labels": 3}, {"objective": "clm", "positions": "rotary"},
 ]
 
 
@@ -262,23 +279,28 @@ def test_parameter_count_matches_the_module(overrides):
     cfg = tiny(**overrides)
     net = model.build_model(cfg)
     assert model.count_params(cfg) == sum(p.numel() for p in net.parameters())
-    embedding = net.tok_emb.weight.numel() + (net.pos_emb.weight.numel() if cfg["positions"] == "learned" else 0)
+    positional = net.pos_emb.weight.numel() if cfg["positions"] == "learned" else 0
+    embedding = net.tok_emb.weight.numel() + positional
     embedding += 0 if cfg["tie_embeddings"] else net.lm_head.weight.numel()
     assert model.count_params(cfg, embeddings=False) == model.count_params(cfg) - embedding
 
 
 def math_attention(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0):
-    """Attention written as two matmuls, so the FLOP counter sees them (CPU SDPA kernels are not counted)."""
+    """Attention written as two matmuls, so that the FLOP counter sees them.
+
+    CPU SDPA kernels are not counted."""
     scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
     T = q.shape[-2]
     if is_causal:
         scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
     if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+        scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask)
     return scores.softmax(-1) @ v
 
 
-@pytest.mark.parametrize("overrides", [{}, {"activation": "gelu", "bias": True}, {"objective": "clm"}, {"tie_embeddings": False}])
+@pytest.mark.parametrize("overrides", [{}, {"activation": "gelu", "bias": True},
+                                       {"objective": "clm"}, {"tie_embeddings": False}])
 def test_flops_per_token_equals_a_count_of_the_matmuls(overrides, monkeypatch):
     cfg = tiny(**overrides)
     net = model.build_model(cfg)
@@ -301,7 +323,8 @@ def test_flops_per_token_equals_a_count_of_the_matmuls(overrides, monkeypatch):
 def test_classification_head_gives_one_score_per_class():
     net = model.add_classifier(seeded_model(tiny()), 3)
     out = net.classify(tokens(B=4), labels=torch.tensor([0, 1, 2, 1]))
-    assert out["logits"].shape == (4, 3) and abs(out["loss"].item() - torch.log(torch.tensor(3.0)).item()) < 0.2
+    assert out["logits"].shape == (4, 3)
+    assert abs(out["loss"].item() - torch.log(torch.tensor(3.0)).item()) < 0.2
     assert net.config["num_labels"] == 3
 
 
@@ -329,14 +352,16 @@ def test_dropout_is_off_by_default_and_settable():
 
 # --- checkpoints and validation -----------------------------------------------------
 
-@pytest.mark.parametrize("overrides", [{}, {"positions": "learned", "num_labels": 2}, {"positions": "alibi", "objective": "clm"}])
+@pytest.mark.parametrize("overrides", [{}, {"positions": "learned", "num_labels": 2},
+                                       {"positions": "alibi", "objective": "clm"}])
 def test_save_then_load_gives_bitwise_equal_outputs(tmp_path, overrides):
     net = seeded_model(tiny(**overrides))
     model.save_model(net, tmp_path / "ckpt")
     again = model.load_model(tmp_path / "ckpt")
     x = tokens()
     assert torch.equal(net(x)["logits"], again.eval()(x)["logits"])
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["config.json", "model.pt"]   # no temporary files left
+    # No temporary files left.
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["config.json", "model.pt"]
 
 
 def test_loading_a_folder_without_weights_names_the_file(tmp_path):
@@ -375,11 +400,14 @@ def test_sequence_longer_than_the_position_table_is_an_error():
 # --- using a trained model: fill_mask, generate and the command line ----------------
 
 def overfit(cfg, batch, steps=150):
-    """A tiny model trained on batch(step) -> dict of forward() arguments until it has memorized SENTENCE."""
+    """A tiny model trained on batch(step) until it has memorized SENTENCE.
+
+    batch(step) -> dict of forward() arguments."""
     net = seeded_model(cfg).train()
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # ops this small gain nothing from threads, which stall for seconds on a busy CPU
+    # Ops this small gain nothing from threads, which stall for seconds on a busy CPU.
+    torch.set_num_threads(1)
     try:
         for step in range(steps):
             loss = net(**batch(step))["loss"]
@@ -393,7 +421,9 @@ def overfit(cfg, batch, steps=150):
 
 @pytest.fixture(scope="module")
 def mlm(enc):
-    """Masked LM on [CLS] SENTENCE [SEP] (loader.Loader's layout), one random word masked per sequence."""
+    """Masked LM on [CLS] SENTENCE [SEP] (loader.Loader's layout).
+
+    One random word is masked per sequence."""
     import tokenizer
     special = tokenizer.special_ids(enc)
     ids = torch.tensor([special["cls"]] + enc.encode_ordinary(SENTENCE) + [special["sep"]])
@@ -408,8 +438,8 @@ def mlm(enc):
 
 @pytest.fixture(scope="module")
 def clm(enc):
-    """Causal LM on a stream of SENTENCE documents, each followed by [SEP], read at random offsets (rotary
-    positions, which see the sentence the same at every offset, memorize it fastest)."""
+    """Causal LM on a stream of SENTENCE documents, each followed by [SEP], read at random offsets
+    (rotary positions, which see the sentence the same at every offset, memorize it fastest)."""
     import tokenizer
     doc = enc.encode_ordinary(SENTENCE) + [tokenizer.special_ids(enc)["sep"]]
     stream = torch.tensor(doc * 20)
@@ -433,37 +463,42 @@ def test_fill_mask_predicts_the_memorized_word(mlm, enc):
 
 def test_fill_mask_never_guesses_a_special_or_padding_id(enc, monkeypatch):
     import tokenizer
-    net = seeded_model(tiny(vocab_size=enc.n_vocab + 1))                                # 1 padding row per 64
+    net = seeded_model(tiny(vocab_size=enc.n_vocab + 1))  # 1 padding row per 64
     bonus = torch.zeros(model.padded_vocab_size(net.config))
-    bonus[tokenizer.n_ordinary(enc):] = 100.0                                                # specials + padding first
+    bonus[tokenizer.n_ordinary(enc):] = 100.0             # specials + padding first
     scores = net.logits
     monkeypatch.setattr(net, "logits", lambda h: scores(h) + bonus)
     (row,) = model.fill_mask(net, enc, "a [MASK]", top_k=10_000)
-    assert len(row) == tokenizer.n_ordinary(enc)                                             # every ordinary token once
+    assert len(row) == tokenizer.n_ordinary(enc)          # every ordinary token once
     assert not {t for t, _ in row} & enc.special_tokens_set
     assert abs(sum(p for _, p in row) - 1.0) < 1e-4
 
 
 def test_generate_continues_the_memorized_sentence(clm, enc):
-    assert model.generate(clm, enc, "the cat sat") == " on the mat."                    # stops at [SEP]
+    assert model.generate(clm, enc, "the cat sat") == " on the mat."  # stops at [SEP]
 
 
 def test_generate_is_deterministic_for_greedy_and_for_a_seed(enc):
     net = seeded_model(tiny(vocab_size=enc.n_vocab, objective="clm"))
     greedy = model.generate(net, enc, "the dog", max_new_tokens=8)
-    assert isinstance(greedy, str) and greedy == model.generate(net, enc, "the dog", max_new_tokens=8)
+    assert isinstance(greedy, str)
+    assert greedy == model.generate(net, enc, "the dog", max_new_tokens=8)
     sampled = dict(temperature=1.0, top_k=20, seed=1)
-    assert model.generate(net, enc, "the dog", 8, sampled) == model.generate(net, enc, "the dog", 8, sampled)
+    first = model.generate(net, enc, "the dog", 8, sampled)
+    assert first == model.generate(net, enc, "the dog", 8, sampled)
 
 
 def test_generate_crops_a_prompt_longer_than_the_model_sees(enc):
-    net = seeded_model(tiny(vocab_size=enc.n_vocab, objective="clm", positions="learned", max_seq_len=8))
-    assert isinstance(model.generate(net, enc, "the cat sat on the mat and the dog ran", max_new_tokens=10), str)
+    cfg = tiny(vocab_size=enc.n_vocab, objective="clm", positions="learned", max_seq_len=8)
+    net = seeded_model(cfg)
+    prompt = "the cat sat on the mat and the dog ran"
+    assert isinstance(model.generate(net, enc, prompt, max_new_tokens=10), str)
 
 
 def test_fill_mask_and_generate_refuse_the_other_objective(enc):
     with pytest.raises(ValueError, match="fill_mask needs a masked LM"):
-        model.fill_mask(seeded_model(tiny(vocab_size=enc.n_vocab, objective="clm")), enc, "a [MASK]")
+        model.fill_mask(seeded_model(tiny(vocab_size=enc.n_vocab, objective="clm")), enc,
+                        "a [MASK]")
     with pytest.raises(ValueError, match="generate needs a causal LM"):
         model.generate(seeded_model(tiny(vocab_size=enc.n_vocab)), enc, "a")
     with pytest.raises(ValueError, match="has no \\[MASK\\]"):
@@ -471,11 +506,14 @@ def test_fill_mask_and_generate_refuse_the_other_objective(enc):
 
 
 def test_command_line_fills_masks_and_continues_prompts(tmp_path, mlm, clm, enc, capsys):
-    model.main([save_checkpoint(mlm, enc, tmp_path / "mlm"), "the [MASK] sat on the [MASK].", "--top-k", "2"])
+    model.main([save_checkpoint(mlm, enc, tmp_path / "mlm"), "the [MASK] sat on the [MASK].",
+                "--top-k", "2"])
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("[MASK] 1: ' cat' ") and lines[1].startswith("[MASK] 2: ' mat' ")
+    assert len(lines) == 2
+    assert lines[0].startswith("[MASK] 1: ' cat' ") and lines[1].startswith("[MASK] 2: ' mat' ")
     assert lines[0].count(" | ") == 1
-    model.main([save_checkpoint(clm, enc, tmp_path / "clm"), "the cat sat", "--max-new-tokens", "3"])
+    model.main([save_checkpoint(clm, enc, tmp_path / "clm"), "the cat sat",
+                "--max-new-tokens", "3"])
     assert capsys.readouterr().out == " on the mat\n"
 
 

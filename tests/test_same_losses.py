@@ -1,8 +1,8 @@
 """The restructure guard: python -m pytest -q tests/test_same_losses.py
 
-Three fixed runs (plain, grown, a two-source mixture; tests/same_losses.py) must log the losses recorded in
-tests/same_losses.json before train.py, data.py and the others were split into files of one concept each.
-A change that means to change what training computes records them again with
+Three fixed runs (plain, grown, a two-source mixture; tests/same_losses.py) must log the losses
+recorded in tests/same_losses.json before train.py, data.py and the others were split into files
+of one concept each. A change that means to change what training computes records them again with
 `python tests/same_losses.py --save tests/same_losses.json` and says why in its commit.
 """
 import json
@@ -12,7 +12,9 @@ import same_losses
 
 
 def close(got, want):
-    """Equal records; floats within 1e-5 relative, which only a different CPU's summation order explains."""
+    """Equal records; floats within 1e-5 relative.
+
+    A difference that small is one only a different CPU's summation order explains."""
     if isinstance(want, dict):
         return got.keys() == want.keys() and all(close(got[k], want[k]) for k in want)
     if isinstance(want, list):

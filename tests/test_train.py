@@ -1,7 +1,7 @@
 """Specification of train.py: python -m pytest -q tests/test_train.py
 
-Every run uses the bundled Shakespeare sample with a 512-token BPE, prepared once per session (conftest's
-sample_cache), and the tiny preset.
+Every run uses the bundled Shakespeare sample with a 512-token BPE, prepared once per session
+(conftest's sample_cache), and the tiny preset.
 """
 import json
 import os
@@ -18,15 +18,16 @@ import budget
 import flags
 import grow
 import model
-import planning
 import parallel
+import planning
 import train
 from conftest import ROOT, read_log
 
-TINY = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32", "--micro-batch", "4",
-        "--batch-tokens", "256", "--lr", "1e-3", "--eval-batches", "2", "--log-every", "1", "--dtype", "fp32"]
-# fp32 pinned: --dtype auto picks bf16 on a CPU with bf16 instructions, and the tests must compute the
-# same on every CPU; the bf16 path has tests of its own
+TINY = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32",
+        "--micro-batch", "4", "--batch-tokens", "256", "--lr", "1e-3", "--eval-batches", "2",
+        "--log-every", "1", "--dtype", "fp32"]
+# fp32 is pinned because --dtype auto picks bf16 on a CPU with bf16 instructions, and the tests
+# must compute the same on every CPU. The bf16 path has tests of its own.
 
 
 def run(cache, out, *flags):
@@ -38,8 +39,9 @@ def weights(folder):
 
 
 def spawn(cache, out, *flags, launcher=()):
-    return subprocess.Popen([sys.executable, *launcher, os.path.join(ROOT, "train.py"), *TINY, "--cache", cache,
-                             "--out", str(out), *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    command = [sys.executable, *launcher, os.path.join(ROOT, "train.py"), *TINY,
+               "--cache", cache, "--out", str(out), *flags]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
 
@@ -51,7 +53,8 @@ def test_triangle_rises_from_a_quarter_to_the_peak_at_75_percent_then_falls_to_z
 
 
 def test_one_cycle_peaks_at_half_the_budget():
-    assert [train.lr_multiplier(p, "one-cycle") for p in (0.0, 0.25, 0.5, 0.75, 1.0)] == pytest.approx([0, 0.5, 1, 0.5, 0])
+    values = [train.lr_multiplier(p, "one-cycle") for p in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    assert values == pytest.approx([0, 0.5, 1, 0.5, 0])
 
 
 def test_linear_and_cosine_warm_up_then_decay_to_zero():
@@ -72,23 +75,25 @@ def test_batch_ramp_reaches_the_target_at_60_percent():
 # --- defaults chosen from the device and the budget ------------------------------------
 
 def chosen(argv, flops_per_s, on_gpu):
-    return planning.choose_defaults(flags.parse_args(["--data", "sample", *argv]), flops_per_s, 1, on_gpu)[0]
+    args = flags.parse_args(["--data", "sample", *argv])
+    return planning.choose_defaults(args, flops_per_s, 1, on_gpu)[0]
 
 
 def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
     picks = chosen(["--minutes", "2"], flops_per_s=2e10, on_gpu=False)
-    assert picks == {"model": "tiny", "vocab_size": 512, "max_seq_len": 64, "batch_tokens": 2048, "micro_batch": 32,
-                     "lr": 0.012}
+    assert picks == {"model": "tiny", "vocab_size": 512, "max_seq_len": 64, "batch_tokens": 2048,
+                     "micro_batch": 32, "lr": 0.012}
 
 
 def test_a_gpu_day_gets_crammings_base_model_and_batch():
     picks = chosen(["--hours", "24"], flops_per_s=0.4 * 989e12, on_gpu=True)
-    assert picks == {"model": "base", "vocab_size": 32768, "max_seq_len": 128, "batch_tokens": 8192 * 128,
-                     "micro_batch": 128, "lr": 1e-3}
+    assert picks == {"model": "base", "vocab_size": 32768, "max_seq_len": 128,
+                     "batch_tokens": 8192 * 128, "micro_batch": 128, "lr": 1e-3}
 
 
 def test_the_chosen_model_grows_with_the_budget():
-    names = [chosen(["--hours", str(h)], flops_per_s=0.4 * 989e12, on_gpu=True)["model"] for h in (0.002, 0.05, 24)]
+    names = [chosen(["--hours", str(h)], flops_per_s=0.4 * 989e12, on_gpu=True)["model"]
+             for h in (0.002, 0.05, 24)]
     assert names == ["mini", "small", "base"]
 
 
@@ -98,18 +103,20 @@ def test_a_token_budget_sizes_the_batch_for_about_1000_steps():
 
 
 def test_flags_given_always_win_over_the_chosen_defaults():
-    picks = chosen(["--minutes", "2", "--model", "mini", "--batch-tokens", "4096", "--max-seq-len", "32"],
-                   flops_per_s=2e10, on_gpu=False)
+    argv = ["--minutes", "2", "--model", "mini", "--batch-tokens", "4096", "--max-seq-len", "32"]
+    picks = chosen(argv, flops_per_s=2e10, on_gpu=False)
     assert picks == {"vocab_size": 8192, "micro_batch": 32, "lr": 0.003}
 
 
-def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(sample_cache, tmp_path, capsys):
-    train.main(["--data", "sample", "--cache", sample_cache, "--vocab-size", "512", "--max-steps", "3",
-                "--eval-batches", "1", "--out", str(tmp_path)])
+def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(sample_cache, tmp_path,
+                                                                       capsys):
+    train.main(["--data", "sample", "--cache", sample_cache, "--vocab-size", "512",
+                "--max-steps", "3", "--eval-batches", "1", "--out", str(tmp_path)])
     assert "defaults: chose model tiny" in capsys.readouterr().out
     with open(tmp_path / "args.json") as f:
         saved = json.load(f)
-    assert (saved["model"], saved["max_seq_len"], saved["micro_batch"]) == ("tiny", 64, 16)   # a step budget
+    picked = (saved["model"], saved["max_seq_len"], saved["micro_batch"])
+    assert picked == ("tiny", 64, 16)   # a step budget
 
 
 def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
@@ -124,13 +131,16 @@ def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
 def test_end_to_end_run_learns_and_writes_every_output(sample_cache, tmp_path):
     summary = run(sample_cache, tmp_path, "--max-steps", "60", "--lr", "3e-3")
     evals = [r["val_loss"] for r in read_log(tmp_path) if r["kind"] == "eval"]
-    assert read_log(tmp_path)[0] == {"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0, "elapsed": 0.0,
-                                     "progress": 0.0, "val_loss": evals[0]}   # the untrained model, off the clock
+    # The first record evaluates the untrained model, off the clock.
+    assert read_log(tmp_path)[0] == {"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0,
+                                     "elapsed": 0.0, "progress": 0.0, "val_loss": evals[0]}
     assert len(evals) >= 10 and evals[-1] < evals[0] - 0.5      # held-out loss falls by > 0.5 nats
     assert summary["steps"] == 60 and summary["final_val_loss"] == evals[-1]
     assert json.load(open(tmp_path / "summary.json"))["steps"] == 60
-    assert summary["comparable"] == {"data": summary["comparable"]["data"], "vocab_size": 512, "objective": "mlm",
-                                     "seq_len": 32, "mask_rate": 0.25} and summary["comparable"]["data"].startswith("sample-")
+    comparable = summary["comparable"]
+    assert comparable == {"data": comparable["data"], "vocab_size": 512, "objective": "mlm",
+                          "seq_len": 32, "mask_rate": 0.25}
+    assert comparable["data"].startswith("sample-")
     net = model.load_model(tmp_path / "final")
     assert net.config["n_layers"] == 2 and net.config["vocab_size"] == 512
     import tokenizer
@@ -157,13 +167,14 @@ def test_fast_bf16_is_read_from_the_cpu_flags():
 
 
 def test_bf16_autocast_and_torch_compile_train_like_fp32(sample_cache, tmp_path):
-    """The GPU recipe (bf16 autocast, torch.compile) run on the CPU: same data, same seed, same final loss."""
+    """The GPU recipe (bf16 autocast, torch.compile), run on the CPU with the same data and the
+    same seed, reaches the same final loss."""
     flags = ("--max-steps", "30", "--lr", "3e-3")
     fp32 = run(sample_cache, tmp_path / "fp32", *flags, "--dtype", "fp32")
     bf16 = run(sample_cache, tmp_path / "bf16", *flags, "--dtype", "bf16")
     compiled = run(sample_cache, tmp_path / "compiled", *flags, "--dtype", "bf16", "--compile")
     assert (fp32["dtype"], bf16["dtype"], compiled["dtype"]) == ("float32", "bfloat16", "bfloat16")
-    assert fp32["final_val_loss"] < 6.0                              # it learned (log 512 = 6.24 at the start)
+    assert fp32["final_val_loss"] < 6.0  # it learned (log 512 = 6.24 at the start)
     assert abs(bf16["final_val_loss"] - fp32["final_val_loss"]) < 0.02
     assert abs(compiled["final_val_loss"] - fp32["final_val_loss"]) < 0.02
 
@@ -173,15 +184,18 @@ def test_log_records_lr_and_batch_ramp(sample_cache, tmp_path):
     steps = [r for r in read_log(tmp_path) if r["kind"] == "train"]
     assert [r["step"] for r in steps] == list(range(1, 21))
     assert steps[0]["batch_tokens"] == 128 and steps[-1]["batch_tokens"] == 256
-    assert steps[0]["lr"] == pytest.approx(1e-3 * 0.25) and steps[-1]["lr"] == pytest.approx(1e-3 * 4 * (1 - 19 / 20))
+    assert steps[0]["lr"] == pytest.approx(1e-3 * 0.25)
+    assert steps[-1]["lr"] == pytest.approx(1e-3 * 4 * (1 - 19 / 20))
 
 
 def test_the_step_cut_at_the_deadline_is_the_last_even_if_the_clock_stops_just_short():
-    clock = budget.Budget(flags.parse_args(["--minutes", "1"]), elapsed=59.9)  # 0.1 s before the deadline
+    # The clock starts 0.1 s before the deadline.
+    clock = budget.Budget(flags.parse_args(["--minutes", "1"]), elapsed=59.9)
     state = train.RunState()
     assert clock.progress(0, 0, clock.elapsed()) < 1.0
-    assert budget.ends_past_deadline(clock, state, None, 1, micro_seconds=0.5)  # one more: 0.4 s late
-    assert clock.progress(0, 0, clock.elapsed()) == 1.0                        # so no new step starts
+    # One more micro-batch of 0.5 s would end 0.4 s late, so no new step starts.
+    assert budget.ends_past_deadline(clock, state, None, 1, micro_seconds=0.5)
+    assert clock.progress(0, 0, clock.elapsed()) == 1.0
 
 
 def test_a_micro_batch_that_ends_before_the_deadline_is_not_the_last():
@@ -191,7 +205,8 @@ def test_a_micro_batch_that_ends_before_the_deadline_is_not_the_last():
 
 
 def test_wall_clock_budget_stops_within_one_step(sample_cache, tmp_path):
-    summary = run(sample_cache, tmp_path, "--minutes", "0.05", "--eval-every", "0.5")   # a 3-second budget
+    # --minutes 0.05 is a 3-second budget.
+    summary = run(sample_cache, tmp_path, "--minutes", "0.05", "--eval-every", "0.5")
     steps = [r for r in read_log(tmp_path) if r["kind"] == "train"]
     step_time = max(b["elapsed"] - a["elapsed"] for a, b in zip(steps, steps[1:]))
     assert 3.0 <= summary["elapsed_s"] <= 3.0 + step_time + 0.5
@@ -199,25 +214,31 @@ def test_wall_clock_budget_stops_within_one_step(sample_cache, tmp_path):
 
 
 def test_a_budget_shorter_than_one_step_ends_within_a_micro_batch(sample_cache, tmp_path):
-    # One step of 2^20 tokens is 8192 micro-batches of 4 x 32 tokens (tens of seconds); the budget is 3 seconds.
-    summary = run(sample_cache, tmp_path, "--minutes", "0.05", "--batch-tokens", str(2 ** 20), "--batch-ramp", "0",
-                  "--eval-every", "1")
+    # One step of 2^20 tokens is 8192 micro-batches of 4 x 32 tokens (tens of seconds).
+    # The budget is 3 seconds.
+    summary = run(sample_cache, tmp_path, "--minutes", "0.05", "--batch-tokens", str(2 ** 20),
+                  "--batch-ramp", "0", "--eval-every", "1")
     assert summary["steps"] == 1 and 0 < summary["tokens"] < 2 ** 20
-    assert abs(summary["elapsed_s"] - 3.0) <= 0.5  # the last micro-batch may end a little before or after
+    # The last micro-batch may end a little before or after the 3 seconds.
+    assert abs(summary["elapsed_s"] - 3.0) <= 0.5
 
 
 def test_a_step_cut_short_is_the_mean_over_the_micro_batches_it_has(sample_cache, tmp_path):
-    """Unscaled, a step cut after a few of its 8192 micro-batches would carry ~1/1000 of a normal gradient."""
+    """A step cut after a few of its 8192 micro-batches must still be scaled to their mean.
+    Unscaled, it would carry ~1/1000 of a normal gradient."""
     run(sample_cache, tmp_path / "one", "--max-steps", "1", "--batch-tokens", "128")
-    run(sample_cache, tmp_path / "cut", "--minutes", "0.03", "--batch-tokens", str(2 ** 20), "--batch-ramp", "0")
-    one, cut = ([r for r in read_log(tmp_path / name) if r["kind"] == "train"][0] for name in ("one", "cut"))
+    run(sample_cache, tmp_path / "cut", "--minutes", "0.03", "--batch-tokens", str(2 ** 20),
+        "--batch-ramp", "0")
+    one, cut = ([r for r in read_log(tmp_path / name) if r["kind"] == "train"][0]
+                for name in ("one", "cut"))
     assert 128 < cut["batch_tokens"] < 2 ** 20
     assert one["grad_norm"] / 3 < cut["grad_norm"] < one["grad_norm"] * 3
     assert abs(cut["loss"] - one["loss"]) < 0.5
 
 
 def test_sigterm_during_a_long_step_saves_and_exits_within_seconds(sample_cache, tmp_path):
-    proc = spawn(sample_cache, tmp_path, "--max-steps", "5", "--batch-tokens", str(2 ** 22), "--batch-ramp", "0")
+    proc = spawn(sample_cache, tmp_path, "--max-steps", "5", "--batch-tokens", str(2 ** 22),
+                 "--batch-ramp", "0")
     for line in proc.stdout:  # the loop starts right after the batch line
         if line.startswith("global batch"):
             break
@@ -238,7 +259,8 @@ def test_sequence_length_warm_up_shows_in_the_log_at_equal_tokens_per_step(sampl
     grows = [r for r in log if r["kind"] == "grow"]
     assert len(grows) == 1 and grows[0]["step"] == 5
     assert grows[0]["from"].endswith("max_seq_len=16") and grows[0]["to"].endswith("max_seq_len=32")
-    assert {r["batch_tokens"] for r in log if r["kind"] == "train"} == {256}   # 4 x 16 tokens x 4 micro-batches, then 4 x 32 x 2
+    # Every step has 256 tokens: 4 x 16 tokens x 4 micro-batches, then 4 x 32 x 2.
+    assert {r["batch_tokens"] for r in log if r["kind"] == "train"} == {256}
 
 
 def test_token_budget_counts_all_tokens(sample_cache, tmp_path):
@@ -247,7 +269,7 @@ def test_token_budget_counts_all_tokens(sample_cache, tmp_path):
 
 
 def two_source_mixture(folder):
-    """--data for a mixture of two sources made of whole works of the sample: plays 0.7, sonnets 0.3."""
+    """--data for a two-source mixture made of whole works of the sample: plays 0.7, sonnets 0.3."""
     import data
     works = list(data.iter_documents(data.SAMPLE_CORPUS))
     for name, docs in (("plays", works[:4]), ("sonnets", works[4:6])):
@@ -257,24 +279,30 @@ def two_source_mixture(folder):
 
 
 def run_mixture(mixture, cache, out, *flags):
-    return train.main(["--data", mixture, *TINY[2:], "--cache", str(cache), "--out", str(out), *flags])
+    return train.main(["--data", mixture, *TINY[2:],
+                       "--cache", str(cache), "--out", str(out), *flags])
 
 
-def test_a_mixture_run_logs_each_sources_held_out_loss_and_how_often_it_read_each(tmp_path, capsys):
+def test_a_mixture_run_logs_each_sources_held_out_loss_and_how_often_it_read_each(tmp_path,
+                                                                                  capsys):
     mixture = two_source_mixture(tmp_path)
-    summary = run_mixture(mixture, tmp_path / "cache", tmp_path / "out", "--max-steps", "4", "--eval-every", "0.5")
+    summary = run_mixture(mixture, tmp_path / "cache", tmp_path / "out", "--max-steps", "4",
+                          "--eval-every", "0.5")
     evals = [r for r in read_log(tmp_path / "out") if r["kind"] == "eval"]
     assert len(evals) == 3 and evals[0]["step"] == 0 and evals[-1]["step"] == 4
     for r in evals:
         by = r["val_loss_by_source"]
-        assert set(by) == {"plays", "sonnets"} and r["val_loss"] == pytest.approx(0.7 * by["plays"] + 0.3 * by["sonnets"])
+        assert set(by) == {"plays", "sonnets"}
+        assert r["val_loss"] == pytest.approx(0.7 * by["plays"] + 0.3 * by["sonnets"])
     assert summary["val_loss_by_source"] == evals[-1]["val_loss_by_source"]
     assert summary["final_val_loss"] == evals[-1]["val_loss"]
-    assert set(summary["epochs_by_source"]) == {"plays", "sonnets"} and summary["epochs_by_source"]["plays"] > 0
-    out = capsys.readouterr().out                                            # the progress line names each source
+    epochs = summary["epochs_by_source"]
+    assert set(epochs) == {"plays", "sonnets"} and epochs["plays"] > 0
+    out = capsys.readouterr().out  # the progress line names each source
     assert re.search(r"50% held-out loss \d\.\d{3} \(plays \d\.\d{3}, sonnets \d\.\d{3}\)", out)
     for name in ("plays", "sonnets"):  # preparing the mixture printed each source's fertility
-        assert re.search(name + r": +weight 0\.\d{3}, .* \d\.\d\d bytes/token, \d\.\d\d tokens/word", out)
+        pattern = name + r": +weight 0\.\d{3}, .* \d\.\d\d bytes/token, \d\.\d\d tokens/word"
+        assert re.search(pattern, out)
 
 
 def test_a_mixture_run_stopped_dead_and_resumed_ends_with_the_same_weights(tmp_path, monkeypatch):
@@ -282,8 +310,9 @@ def test_a_mixture_run_stopped_dead_and_resumed_ends_with_the_same_weights(tmp_p
     run_mixture(mixture, tmp_path / "cache", tmp_path / "straight", *flags)
     real = train.save_checkpoint
 
-    def crash_after_the_first_checkpoint(*args):  # an in-process kill: nothing after the checkpoint is saved
-        real(*args)
+    # an in-process kill: nothing after the checkpoint is saved
+    def crash_after_the_first_checkpoint(*args, **kwargs):
+        real(*args, **kwargs)
         raise RuntimeError("killed")
     monkeypatch.setattr(train, "save_checkpoint", crash_after_the_first_checkpoint)
     with pytest.raises(RuntimeError, match="killed"):
@@ -315,7 +344,8 @@ def test_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_pat
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(sample_cache, tmp_path):
     proc = spawn(sample_cache, tmp_path, "--max-steps", "100000", "--eval-every", "1")
-    log = tmp_path / "log.jsonl"   # its first line is the untrained evaluation: wait for a training step
+    # The log's first line is the untrained evaluation: wait for a training step.
+    log = tmp_path / "log.jsonl"
     while not (log.exists() and '"train"' in log.read_text()) and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
@@ -326,14 +356,17 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(sample_cache, tmp_path):
 
 
 def make_losses_non_finite(monkeypatch, attempts):
-    """Fault injection: forward_backward reports NaN on these update attempts (1-based; skipped ones count)."""
-    real, calls = train.forward_backward, []
+    """Fault injection: the step's loss is NaN on these update attempts (1-based; skipped ones
+    count), as if one rank's loss had been: train_step's mean over the ranks returns NaN."""
+    real, calls = train.train_step, []
 
-    def faulty(*args, **kwargs):
-        loss_sum, done = real(*args, **kwargs)
+    def faulty(*args, mean_over_ranks, **kwargs):
         calls.append(1)
-        return (loss_sum * float("nan") if len(calls) in attempts else loss_sum), done
-    monkeypatch.setattr(train, "forward_backward", faulty)
+        if len(calls) in attempts:
+            return real(*args, mean_over_ranks=lambda loss: mean_over_ranks(loss) * float("nan"),
+                        **kwargs)
+        return real(*args, mean_over_ranks=mean_over_ranks, **kwargs)
+    monkeypatch.setattr(train, "train_step", faulty)
 
 
 def test_non_finite_losses_are_skipped_and_logged(sample_cache, tmp_path, monkeypatch):
@@ -343,11 +376,12 @@ def test_non_finite_losses_are_skipped_and_logged(sample_cache, tmp_path, monkey
     assert len(skips) == 1 and summary["skipped_steps"] == 1 and summary["steps"] == 10
 
 
-def test_repeated_non_finite_losses_stop_and_restore_the_last_good_checkpoint(sample_cache, tmp_path, capsys,
-                                                                              monkeypatch):
+def test_repeated_non_finite_losses_stop_and_restore_the_last_good_checkpoint(
+        sample_cache, tmp_path, capsys, monkeypatch):
     make_losses_non_finite(monkeypatch, {5, 6, 7})
     with pytest.raises(SystemExit) as stop:
-        run(sample_cache, tmp_path, "--max-steps", "20", "--checkpoint-steps", "3", "--max-bad-steps", "3")
+        run(sample_cache, tmp_path, "--max-steps", "20", "--checkpoint-steps", "3",
+            "--max-bad-steps", "3")
     assert stop.value.code == 1
     assert "3 non-finite losses in a row" in capsys.readouterr().out
     good = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
@@ -373,7 +407,8 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(sample_ca
 
 def test_two_process_ddp_on_a_mixture_equals_one_process(sample_cache, tmp_path):
     mixture = ["--data", two_source_mixture(tmp_path), "--cache", str(tmp_path / "cache")]
-    flags = [*mixture, "--max-steps", "5", "--batch-ramp", "0", "--batch-tokens", "256", "--eval-every", "1"]
+    flags = [*mixture, "--max-steps", "5", "--batch-ramp", "0", "--batch-tokens", "256",
+             "--eval-every", "1"]
     single = run(sample_cache, tmp_path / "single", *flags, "--micro-batch", "8")
     proc = spawn(sample_cache, tmp_path / "ddp", *flags, "--micro-batch", "4",
                  launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))
@@ -382,8 +417,8 @@ def test_two_process_ddp_on_a_mixture_equals_one_process(sample_cache, tmp_path)
     ddp = json.load(open(tmp_path / "ddp" / "summary.json"))
     a, b = weights(tmp_path / "single" / "final"), weights(tmp_path / "ddp" / "final")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
-    assert ddp["epochs_by_source"] == single["epochs_by_source"]              # the same global stream
-    for name, loss in single["val_loss_by_source"].items():                  # each rank held out its slice
+    assert ddp["epochs_by_source"] == single["epochs_by_source"]  # the same global stream
+    for name, loss in single["val_loss_by_source"].items():       # each rank held out its slice
         assert ddp["val_loss_by_source"][name] == pytest.approx(loss, abs=1e-4)
 
 
@@ -406,31 +441,37 @@ def test_bad_flags_give_one_line_errors(argv, message, capsys):
 
 def test_missing_data_path_is_a_one_line_error(tmp_path):
     with pytest.raises(SystemExit, match="data path not found: .*nowhere.*--data sample"):
-        train.main(["--data", str(tmp_path / "nowhere"), "--max-steps", "1", "--out", str(tmp_path / "out")])
+        train.main(["--data", str(tmp_path / "nowhere"), "--max-steps", "1",
+                    "--out", str(tmp_path / "out")])
 
 
 def test_existing_run_is_not_overwritten_without_resume(sample_cache, tmp_path):
     run(sample_cache, tmp_path, "--max-steps", "2")
-    with pytest.raises(SystemExit, match="checkpoint.pt exists: pass --resume to continue it, --force to replace"):
+    message = "checkpoint.pt exists: pass --resume to continue it, --force to replace"
+    with pytest.raises(SystemExit, match=message):
         run(sample_cache, tmp_path, "--max-steps", "2")
 
 
-def test_a_finished_run_without_its_checkpoint_is_still_not_replaced_silently(sample_cache, tmp_path):
+def test_a_finished_run_without_its_checkpoint_is_still_not_replaced_silently(sample_cache,
+                                                                              tmp_path):
     run(sample_cache, tmp_path, "--max-steps", "2")
     os.remove(tmp_path / "checkpoint.pt")
-    with pytest.raises(SystemExit, match=r"log.jsonl exists: it is from an earlier run, --force to replace it"):
+    message = r"log.jsonl exists: it is from an earlier run, --force to replace it"
+    with pytest.raises(SystemExit, match=message):
         run(sample_cache, tmp_path, "--max-steps", "3")
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2       # untouched
     assert run(sample_cache, tmp_path, "--max-steps", "3", "--force")["steps"] == 3
-    assert [r["step"] for r in read_log(tmp_path) if r["kind"] == "train"] == [1, 2, 3]   # only the new run
+    # The log holds only the new run.
+    assert [r["step"] for r in read_log(tmp_path) if r["kind"] == "train"] == [1, 2, 3]
 
 
 def test_resume_after_a_kill_logs_every_step_once(sample_cache, tmp_path):
     flags = ["--max-steps", "300", "--checkpoint-steps", "100"]
     run(sample_cache, tmp_path / "straight", *flags)
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY, "--cache", sample_cache, "--out",
-                             str(tmp_path / "killed"), *flags], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # not a pipe: nobody reads it while we wait
+    command = [sys.executable, os.path.join(ROOT, "train.py"), *TINY,
+               "--cache", sample_cache, "--out", str(tmp_path / "killed"), *flags]
+    # The output goes to DEVNULL, not a pipe: nobody reads it while we wait.
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = tmp_path / "killed" / "log.jsonl"
     while proc.poll() is None and not (log.exists() and '"step": 105,' in log.read_text()):
         time.sleep(0.005)                  # steps past the checkpoint at 100 are in the log
@@ -445,35 +486,42 @@ def test_resume_with_a_larger_budget_extends_a_finished_run(sample_cache, tmp_pa
     run(sample_cache, tmp_path, "--max-steps", "4")
     summary = run(sample_cache, tmp_path, "--resume", "--max-steps", "6")
     assert summary["steps"] == 6
-    assert "resume: budget max_steps 4 -> max_steps 6; progress is now 66.7%" in capsys.readouterr().out
-    assert json.loads((tmp_path / "args.json").read_text())["max_steps"] == 6     # a later resume keeps it
+    out = capsys.readouterr().out
+    assert "resume: budget max_steps 4 -> max_steps 6; progress is now 66.7%" in out
+    saved = json.loads((tmp_path / "args.json").read_text())
+    assert saved["max_steps"] == 6  # a later resume keeps it
     assert [r["step"] for r in read_log(tmp_path) if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
 
 
 def test_resuming_a_finished_run_without_a_larger_budget_says_so(sample_cache, tmp_path):
     run(sample_cache, tmp_path, "--max-steps", "3")
-    with pytest.raises(SystemExit, match=r"checkpoint.pt has spent its budget \(0 steps left\); give a larger one"):
+    message = r"checkpoint.pt has spent its budget \(0 steps left\); give a larger one"
+    with pytest.raises(SystemExit, match=message):
         run(sample_cache, tmp_path, "--resume")
 
 
 def test_sigterm_during_data_preparation_exits_cleanly_and_leaves_nothing(tmp_path):
     cache, out = tmp_path / "cache", tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY, "--vocab-size", "8192",
-                             "--cache", str(cache), "--max-steps", "1", "--out", str(out)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    while proc.poll() is None and not (cache.exists() and any(p.name.endswith(".tmp") for p in cache.iterdir())):
+    command = [sys.executable, os.path.join(ROOT, "train.py"), *TINY, "--vocab-size", "8192",
+               "--cache", str(cache), "--max-steps", "1", "--out", str(out)]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    while proc.poll() is None and not (
+            cache.exists() and any(p.name.endswith(".tmp") for p in cache.iterdir())):
         time.sleep(0.01)                   # the preparation has started
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
-    assert err.strip().splitlines()[-1].startswith("error: stopped by a signal during data preparation")
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: stopped by a signal during data preparation")
     assert not out.exists() and not any(p.name.endswith(".tmp") for p in cache.iterdir())
 
 
 @pytest.mark.parametrize("when", ["fractions", "auto"])
 def test_run_killed_after_a_growth_stage_resumes_to_the_same_weights(sample_cache, tmp_path, when):
-    flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50", "--eval-every", "0.25",
-             "--grow", "0:layers=1,ffn=64; 0.5:layers=2,ffn=128", "--grow-when", when]
+    flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50",
+             "--eval-every", "0.25", "--grow", "0:layers=1,ffn=64; 0.5:layers=2,ffn=128",
+             "--grow-when", when]
     run(sample_cache, tmp_path / "straight", *flags)
     proc = spawn(sample_cache, tmp_path / "killed", *flags)
     log, ckpt = tmp_path / "killed" / "log.jsonl", tmp_path / "killed" / "checkpoint.pt"
@@ -492,20 +540,22 @@ def test_run_killed_after_a_growth_stage_resumes_to_the_same_weights(sample_cach
 
 
 def test_grow_auto_grows_when_the_held_out_loss_flattens_and_logs_why(sample_cache, tmp_path):
-    run(sample_cache, tmp_path, "--max-steps", "100", "--grow", "auto", "--grow-check-every", "0.05", "--grow-slope",
-        "-0.5")                                            # a steep threshold: any slowing-down counts as flat
+    # --grow-slope -0.5 is a steep threshold: any slowing-down counts as flat.
+    run(sample_cache, tmp_path, "--max-steps", "100", "--grow", "auto",
+        "--grow-check-every", "0.05", "--grow-slope", "-0.5")
     log = read_log(tmp_path)
     grows = [r for r in log if r["kind"] == "grow"]
     checks = [r for r in log if r.get("growth_check")]
-    assert [g["reason"] for g in grows] == ["slope", "slope"]      # compound's three stages, both grown early
+    # compound has three stages: both of its growths came early, on the slope.
+    assert [g["reason"] for g in grows] == ["slope", "slope"]
     assert grows[0]["progress"] < 0.3 and grows[1]["progress"] < 0.6  # before the deadlines
-    assert len(checks) >= 2 * grow.AUTO_WINDOW - 1                  # the new stage's first point is its growth
+    assert len(checks) >= 2 * grow.AUTO_WINDOW - 1  # the new stage's first point is its growth
     assert json.loads((tmp_path / "args.json").read_text())["grow_when"] == "auto"
 
 
 def test_grow_auto_with_a_flat_threshold_waits_for_the_deadlines(sample_cache, tmp_path):
-    run(sample_cache, tmp_path, "--max-steps", "100", "--grow", "auto", "--grow-check-every", "0.05", "--grow-slope",
-        "10")                                              # no curve is ever that flat
+    run(sample_cache, tmp_path, "--max-steps", "100", "--grow", "auto",
+        "--grow-check-every", "0.05", "--grow-slope", "10")  # no curve is ever that flat
     grows = [r for r in read_log(tmp_path) if r["kind"] == "grow"]
     assert [g["reason"] for g in grows] == ["deadline", "deadline"]
     assert [round(g["progress"], 2) for g in grows] == [0.3, 0.6]

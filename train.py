@@ -60,7 +60,7 @@ def train(args, budget_was=None):
     """One run; each pass of the loop is one optimizer step. budget_was: the budget a resumed run
     had before this command extended it (None: not extended)."""
     # ---- set up: the hardware, the settings, the data, the model and optimizer, then the clock
-    device, rank, world = parallel.setup_device(args.device, args.shard)
+    device, rank, world = parallel.setup_device(args.device, args.shard)  # then only as hw.*
     args, ckpt, init = resolve_settings(args, device=device, rank=rank, world=world)
     hw = Hardware(device, rank, world, dtype=parallel.autocast_dtype(args.dtype, device),
                   peak=planning.gpu_peak_flops(device))
@@ -77,7 +77,8 @@ def train(args, budget_was=None):
     last_ckpt = state.elapsed
     while True:
         # ---- stop: the budget is spent or a signal came, by the clock all ranks agree on
-        state.elapsed, stop = parallel.agree_on_clock(clock.elapsed(), clock.signals, device, world)
+        state.elapsed, stop = parallel.agree_on_clock(clock.elapsed(), clock.signals, hw.device,
+                                                      hw.world)
         p = clock.progress(state.step, state.tokens, state.elapsed)
         if p >= 1.0 or stop:
             status = "budget spent" if p >= 1.0 else "preempted"
@@ -89,7 +90,7 @@ def train(args, budget_was=None):
                                       args=args, hw=hw, held_out=held_out, out=out)
         # ---- one optimizer step: the learning rate at p, the micro-batches cut at the deadline
         T, B = model.unwrap(net).config["max_seq_len"], state.micro_batch  # the stage's length
-        accum = accumulation_steps(p, target_accumulation(args.batch_tokens, B * T * world),
+        accum = accumulation_steps(p, target_accumulation(args.batch_tokens, B * T * hw.world),
                                    args.batch_ramp)
         lr = learning_rate(args, state, p)
         position = loader.state_dict()  # where a retry of this step starts reading
@@ -98,9 +99,9 @@ def train(args, budget_was=None):
                 net, optimizer, (loader.next_batch(B, T) for _ in range(accum)),
                 accumulation=accum, lr=lr, clip=args.clip,
                 autocast=amp, gradient_sync=functools.partial(parallel.gradient_sync, net),
-                mean_over_ranks=functools.partial(parallel.mean_over_ranks, world=world),
-                stop_early=functools.partial(budget.ends_past_deadline, clock, state, device,
-                                             world))
+                mean_over_ranks=functools.partial(parallel.mean_over_ranks, world=hw.world),
+                stop_early=functools.partial(budget.ends_past_deadline, clock, state,
+                                             hw.device, hw.world))
         except RuntimeError as error:  # out of memory: halve the micro-batch, retry the step
             back_off(error, net, optimizer, loader, position, state=state, args=args, hw=hw,
                      out=out)  # or re-raise
@@ -114,7 +115,7 @@ def train(args, budget_was=None):
                 break
             continue  # the data position moved on: the next step sees other batches
         # ---- count what the step consumed, and log
-        batch_tokens = step["micro_batches"] * B * T * world
+        batch_tokens = step["micro_batches"] * B * T * hw.world
         state.count_step(batch_tokens, model.flops_per_token(model.unwrap(net).config))
         progress.update(p, state)
         if state.step % args.log_every == 0:

@@ -68,7 +68,7 @@ print(json.dumps({"before": before, "after": held_out_loss(), "train": losses}))
 
 
 def copy_into(folder):
-    """The reader's folder: train_step's source (with the four modules its body may use),
+    """The reader's folder: train_step's source (below imports of the modules its body may use),
     model.py, loader.py and some text."""
     source = inspect.getsource(train.train_step)
     with open(os.path.join(folder, "step.py"), "w") as f:

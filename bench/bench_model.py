@@ -10,10 +10,10 @@ Both models get the same depth, width, heads, vocabulary and sequence length, th
 masked tokens (25% masking), the same autocast dtype (--dtype), the same compile choice (--compile)
 and AdamW; one step is forward + backward + optimizer step. Steps of the two models alternate one
 by one in one process, so a busy machine slows both alike, and the script prints the ratio of
-median tokens/s. It also times a 2048 x 2048 torch.mm in fp32 and in the step's dtype in the same
-run, and prints each model's training FLOP/s (model.flops_per_token, matmuls only) as a share of
-them: how close the step gets to this machine's matmul speed. On CUDA it also prints our MFU
-against the GPU's peak bf16 FLOP/s.
+median tokens/s. It also times square torch.mm calls (2048 x 2048, or smaller where bf16 is
+emulated and slow) in fp32 and in bf16 in the same run, and prints each model's training
+FLOP/s (model.flops_per_token, matmuls only) as a share of them: how close the step gets to this
+machine's matmul speed. On CUDA it also prints our MFU against the GPU's peak bf16 FLOP/s.
 Baselines (--baseline): "modernbert" (default; hf_modernbert: pre-LN, GeGLU of our gated width,
 rotary, all layers global, sparse prediction) or "bert" (hf_bert: the post-LN BERT of 2018).
 --levers times our step alone under each speed lever (fused AdamW, bf16 autocast with and without
@@ -172,18 +172,31 @@ def make_stepper(net, step, device, dtype, fused=None):
     return one_step
 
 
-def matmul_flops(device, dtype, n=2048, repeats=10):
-    """This machine's matmul speed in FLOP/s: the median of `repeats` n x n torch.mm calls."""
-    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+def matmul_flops(device, dtype, largest=2048, repeats=10, slow=0.05):
+    """This machine's matmul speed in FLOP/s: the median of `repeats` n x n torch.mm calls.
+
+    n doubles from 256 up to `largest`, stopping early once one call takes `slow` seconds: a GPU
+    or a CPU with bf16 instructions is timed at 2048, while a CPU that emulates bf16 (about 50x
+    slower than its fp32) is timed at the size where one call already takes that long, so that the
+    probe costs about a second instead of minutes."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
-    for _ in range(repeats + 3):  # 3 warm-up calls
-        sync()
-        t0 = time.perf_counter()
-        a @ b
-        sync()
-        times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / statistics.median(times[3:])
+
+    def seconds_per_call(n, calls):
+        a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+        times = []
+        for _ in range(calls):
+            sync()
+            t0 = time.perf_counter()
+            a @ b
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    n = 256
+    while n < largest and seconds_per_call(n, calls=2) < slow:
+        n *= 2
+    seconds_per_call(n, calls=3)  # warm-up calls at the chosen size
+    return 2 * n ** 3 / seconds_per_call(n, calls=repeats)
 
 
 def time_alternating(steppers, batch, steps, warmup=2):
@@ -280,7 +293,7 @@ def main():
         "params_ours": model.count_params(cfg),
     }
     print(f"{result['device']}, preset {args.preset}, batch {B} x {cfg['max_seq_len']} tokens, "
-          f"{result['threads']} threads; torch.mm 2048 x 2048: {mm['fp32'] / 1e9:.0f} GFLOP/s "
+          f"{result['threads']} threads; torch.mm: {mm['fp32'] / 1e9:.0f} GFLOP/s "
           f"fp32, {mm['bf16'] / 1e9:.0f} bf16")
     if args.levers:
         return report_levers(cfg, device, batch, args, result, tokens * flops)

@@ -136,6 +136,11 @@ def add_optimization_flags(p):
                    "which the batch grows linearly to its target (0 = off)")
     # cramming's bert-o4 (train/bert-o4.yaml): AdamW lr 1e-3 at width 768, betas (0.9, 0.98), eps
     # 1e-12, weight decay 0.01, global-norm clipping at 0.5, the budget triangle schedule
+    g.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                   help="adamw: AdamW on every tensor (cramming); muon: Muon on the blocks' "
+                   "matrices and AdamW on the rest, one learning rate (muon.py)")
+    g.add_argument("--momentum", type=float, default=0.95,
+                   help="Muon's Nesterov momentum (with --optimizer muon)")
     g.add_argument("--lr", type=float, default=None, help="peak learning rate (default: cramming's "
                    "1e-3 at width 768, scaled as 1/d-model for narrower models)")
     g.add_argument("--schedule", choices=["triangle", "one-cycle", "linear", "cosine", "constant"],
@@ -233,6 +238,7 @@ def check_args(parser, args):
     need(args.weight_decay >= 0, "--weight-decay", ">= 0")
     need(args.eps > 0, "--eps", "> 0")
     need(all(0 <= b < 1 for b in args.betas), "--betas", "two numbers in [0, 1)")
+    need(0 <= args.momentum < 1, "--momentum", "in [0, 1)")
     need(args.grow_noise >= 0, "--grow-noise", ">= 0")
     need(0 <= args.grow_rewarm < 1, "--grow-rewarm", "in [0, 1)")
     need(args.grow is None or args.grow.strip(), "--grow",

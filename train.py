@@ -46,6 +46,7 @@ import files
 import flags
 import grow
 import model
+import muon
 import parallel
 import planning
 import scaling
@@ -290,7 +291,7 @@ def grow_now(net, optimizer, p, why, *, state, stages, args, hw, held_out, out):
     loss_before = held_out.evaluate(net)["val_loss"]
     plain, optimizer, event = grow.apply_stage(
         model.unwrap(net), optimizer, stages[state.stage],
-        lambda m: make_optimizer(m, args, hw.device),
+        lambda m: make_optimizer(m, args, hw),
         {"noise": args.grow_noise, "seed": args.seed, "policy": args.grow_optimizer,
          "new_moments": args.grow_moments})
     # compile and DDP must see the new shapes: wrap the grown model again
@@ -527,7 +528,10 @@ def build(args, hw, out, meta, stages, *, ckpt=None, init=None):
         net.load_state_dict(init["weights"])
         out.say(f"starting from the weights of {args.init_from}")
     net = parallel.wrap(net.train(), args, hw.device, hw.world)
-    optimizer = make_optimizer(model.unwrap(net), args, hw.device)
+    optimizer = make_optimizer(model.unwrap(net), args, hw)
+    if args.optimizer == "muon" and args.shard == "fsdp":
+        out.say("--optimizer muon: AdamW instead under --shard fsdp (Newton-Schulz needs whole "
+                "matrices, and a rank holds a shard of each)")
     settings = {"objective": args.objective, "seed": args.seed, "rank": hw.rank,
                 "world_size": hw.world, "mask_rate": args.mask_rate}
     loader = make_loader(meta, "train", settings, device=hw.device)
@@ -541,16 +545,21 @@ def build(args, hw, out, meta, stages, *, ckpt=None, init=None):
     return net, optimizer, loader, state
 
 
-def make_optimizer(net, args, device):
+def make_optimizer(net, args, hw):
     """AdamW (decoupled weight decay, Loshchilov & Hutter 2019) as cramming's bert-o4 sets it: lr
-    1e-3 at width 768, betas (0.9, 0.98), eps 1e-12, weight decay 0.01."""
+    1e-3 at width 768, betas (0.9, 0.98), eps 1e-12, weight decay 0.01. --optimizer muon: Muon on
+    the blocks' matrices and the same AdamW on the rest, at the same lr (muon.py)."""
+    if args.optimizer == "muon" and args.shard != "fsdp":
+        return muon.MuonAdamW(muon.param_groups(net, args.weight_decay), lr=args.lr,
+                              momentum=args.momentum, betas=args.betas, eps=args.eps,
+                              ns_dtype=hw.dtype)
     params = [p for p in net.parameters() if p.requires_grad]
     # no decay on norms, biases and scalars (cramming's limited_decay_keys; here: tensors under 2-D)
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     # on a GPU the fused kernel updates all parameters in one launch instead of several per tensor
     return torch.optim.AdamW(groups, lr=args.lr, betas=tuple(args.betas), eps=args.eps,
-                             fused=device.type == "cuda")
+                             fused=hw.device.type == "cuda")
 
 
 def start_clock(clock, state, net, held_out, out, args, *, resumed, budget_was):

@@ -4,7 +4,9 @@ default, or BERT) with a tuned learning rate, each given the same wall clock on 
     python bench/bench_cram.py                      # sample corpus, 4 x 128, 3 CPU minutes per run
     python bench/bench_cram.py --minutes 10 --seeds 3 --out runs/bench_cram
     python bench/bench_cram.py --baseline bert      # against BertForMaskedLM, BERT's own sweep
-    python bench/bench_cram.py --hf-schedule wsd    # ModernBERT with its warmup-stable-decay
+    python bench/bench_cram.py --hf-schedule linear # ModernBERT with BERT's linear decay instead
+    python bench/bench_cram.py --seeds 3 --hf-from runs/bench_cram --ours-flags "--optimizer muon" \
+        --out runs/muon                             # one lever against the same baseline runs
     python bench/bench_cram.py --data corpus.jsonl --ours-flags "--lr 2e-3 --schedule one-cycle"
     python bench/bench_cram.py --analyze-only --out runs/bench_cram  # report and curves.png again
     python bench/bench_cram.py --minutes 0.15 --vocab-size 512 --n-layers 2 --d-model 64 \
@@ -30,14 +32,14 @@ Why it is fair (a comparison counts only if the baseline had a fair chance):
     both (train.HeldOut's batches: the val split in order, seed 1234, --eval-batches x
     --micro-batch sequences) at the same fractions of the budget (every 10%), and evaluation time
     counts against both clocks; the final evaluation is outside both.
-  - recipe: HF gets the standard BERT/RoBERTa recipe, not a strawman: AdamW betas (0.9, 0.98),
-    eps 1e-6, weight decay 0.01 except on biases and norms, clipping at 1.0, 6% warm-up then
-    linear decay to zero as a function of elapsed / budget (fully decayed at the deadline, as ours
-    is), a fixed batch of --batch-tokens by accumulation, and a sweep over learning rates.
-    --hf-schedule wsd swaps in ModernBERT's schedule (6% warm-up, constant, 1-sqrt decay to zero
-    over the last 20%); the optimizer and weight decay stay. Dropout is 0 for both (cramming
-    pretrains without it). Like train.py, HF checks the clock before every micro-batch, so neither
-    runs past the deadline by more than one micro-batch.
+  - recipe: HF gets its own published recipe, not a strawman: AdamW betas (0.9, 0.98), eps 1e-6,
+    weight decay 0.01 except on biases and norms, clipping at 1.0, ModernBERT's warmup-stable-decay
+    (6% warm-up, constant, 1-sqrt decay to zero over the last 20% of elapsed / budget: fully
+    decayed at the deadline, as ours is), a fixed batch of --batch-tokens by accumulation, and a
+    sweep over learning rates. --hf-schedule linear swaps in the BERT/RoBERTa schedule (6%
+    warm-up, then linear decay to zero); the optimizer and weight decay stay. Dropout is 0 for
+    both (cramming pretrains without it). Like train.py, HF checks the clock before every
+    micro-batch, so neither runs past the deadline by more than one micro-batch.
   - size: --ffn-dim is a GELU FFN's width, BERT's intermediate width. Our gated FFN (geglu) has
     3 d f weights against BERT's 2 d I, so ours gets f = 2 I / 3 rounded to a multiple of 32
     (I = 512 -> f = 352): 1.33 M parameters against BERT's 1.36 M at the default shape
@@ -747,12 +749,16 @@ def parse_args(argv=None):
                    "(BertForMaskedLM)")
     p.add_argument("--hf-lrs", default=None, help="HF peak learning rates, one run each (default: "
                    + "; ".join(f"{b} {lrs}" for b, lrs in DEFAULT_HF_LRS.items()) + ")")
-    p.add_argument("--hf-schedule", choices=list(HF_SCHEDULES), default="linear",
+    p.add_argument("--hf-schedule", choices=list(HF_SCHEDULES), default="wsd",
                    help="HF learning-rate schedule: "
-                   "linear (default: 6%% warm-up, linear decay to 0), "
-                   "wsd (ModernBERT's warmup-stable-decay, 1-sqrt decay over the last 20%%) "
+                   "wsd (default: ModernBERT's own warmup-stable-decay, 1-sqrt decay over the "
+                   "last 20%%), linear (the BERT/RoBERTa recipe: 6%% warm-up, linear decay to 0) "
                    "or triangle (ours, train.py's default: "
                    "which share of the lead is the schedule)")
+    p.add_argument("--hf-from", default=None, metavar="DIR",
+                   help="reuse the HF runs of DIR/results.json (same settings) for every seed and "
+                   "learning rate it has, and run only the missing ones: a speedrun measures each "
+                   "lever of ours against one baseline")
     p.add_argument("--seeds", type=int, default=1,
                    help="seeds 0..N-1, each runs ours and every HF lr (default: 1)")
     p.add_argument("--ours-flags", default="",
@@ -819,12 +825,25 @@ def run_all(args):
     arm = {"baseline": args.baseline, "cfg": cfg, "schedule": args.hf_schedule,
            "intermediate": hf_intermediate(args.baseline, cfg, args.ffn_dim)}
     hf_name = f"HF {BASELINES[args.baseline]}"
+    dtype = parallel.autocast_dtype(s.dtype, device)
+    settings = {**vars(args), "threads": threads, "device": str(device), "ours_ffn_dim": s.ffn_dim,
+                "hf_intermediate": arm["intermediate"],
+                "dtype": str(dtype).replace("torch.", ""),
+                "hf_attention": hf_attention(device, dtype),
+                "hf_recipe": {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "clip": 1.0,
+                              "warmup": HF_WARMUP, "schedule": HF_SCHEDULES[args.hf_schedule],
+                              "dropout": 0.0}}
+    reused = earlier_hf_runs(args.hf_from, settings) if args.hf_from else {}
     order = [f"{'ours' if lr is None else f'hf lr {lr:g}'} seed {seed}"
+             + (" (reused)" if (seed, lr) in reused else "")
              for seed in range(args.seeds) for lr in [None, *lrs]]
     print("runs, one at a time: " + ", ".join(order))
     runs = []
     for seed in range(args.seeds):
         for lr in [None, *lrs]:
+            if (seed, lr) in reused:
+                runs.append(reused[(seed, lr)])
+                continue
             torch.set_num_threads(threads)
             gc.collect()
             print(f"\n=== {'ours' if lr is None else f'{hf_name} lr {lr:g}'}, seed {seed} ===")
@@ -838,15 +857,7 @@ def run_all(args):
     print("\n=== the bare training steps, off the clock: "
           "what each loop's tokens/s is measured against ===")
     step = isolated_steps(s, arm, device, with_hf=bool(lrs))
-    dtype = parallel.autocast_dtype(s.dtype, device)
-    settings = {**vars(args), "threads": threads, "device": str(device), "ours_ffn_dim": s.ffn_dim,
-                "hf_intermediate": arm["intermediate"],
-                "dtype": str(dtype).replace("torch.", ""), "order": order,
-                "hf_attention": hf_attention(device, dtype),
-                "hf_recipe": {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "clip": 1.0,
-                              "warmup": HF_WARMUP, "schedule": HF_SCHEDULES[args.hf_schedule],
-                              "dropout": 0.0}}
-    results = {"settings": settings, "runs": runs, "step_tokens_per_s": step}
+    results = {"settings": {**settings, "order": order}, "runs": runs, "step_tokens_per_s": step}
     # Saved now, so a failure in the downstream check loses no run.
     os.makedirs(args.out, exist_ok=True)
     files.atomic_write(os.path.join(args.out, "results.json"),
@@ -854,6 +865,28 @@ def run_all(args):
     if not args.no_downstream:
         results["downstream"] = run_downstream(runs, args)
     return results
+
+
+# What must match for an earlier HF run to stand for one of this benchmark's: the data, the shape,
+# the batches, the budget, the machine's dtype and threads, and the baseline's recipe.
+SAME_FOR_REUSE = ("data", "minutes", "n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len",
+                  "vocab_size", "batch_tokens", "micro_batch", "eval_batches", "baseline",
+                  "hf_schedule", "threads", "device", "dtype", "hf_intermediate")
+
+
+def earlier_hf_runs(folder, settings):
+    """{(seed, lr): run} of the HF runs in folder/results.json, after checking that they were made
+    with the same SAME_FOR_REUSE settings (a one-line error names the first that differs)."""
+    path = os.path.join(folder, "results.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: --hf-from: {path} not found")
+    with open(path) as f:
+        earlier = json.load(f)
+    for key in SAME_FOR_REUSE:
+        if earlier["settings"].get(key) != settings[key]:
+            raise SystemExit(f"error: --hf-from: {path} was run with {key} "
+                             f"{earlier['settings'].get(key)!r}, this run has {settings[key]!r}")
+    return {(r["seed"], r["lr"]): r for r in earlier["runs"] if r["model"] == "hf"}
 
 
 def run_downstream(runs, args):

@@ -57,10 +57,11 @@ def bare_tokens_per_s(args):
     meta = train.prepare(settings, torch.device("cpu"), 0, 1)  # the cache entry the loop uses
     torch.manual_seed(0)
     net = model.build_model(planning.model_config(settings, meta["n_vocab"])).train()
-    optimizer = train.make_optimizer(net, settings, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    hw = train.Hardware(cpu, rank=0, world=1, dtype=parallel.autocast_dtype(args.dtype, cpu))
+    optimizer = train.make_optimizer(net, settings, hw)
     loader = make_loader(meta, "train", {"objective": "mlm", "seed": 0})
-    amp = parallel.autocast(torch.device("cpu"), parallel.autocast_dtype(args.dtype,
-                                                                         torch.device("cpu")))
+    amp = parallel.autocast(cpu, hw.dtype)
     started = time.time()
     for _ in range(args.steps):  # all steps timed, the first (cold) ones too, as the loop's clock
         batch = loader.next_batch(args.micro_batch, args.seq_len)

@@ -236,6 +236,23 @@ def modernbert_sweep(bench_cram, sample_cache, one_thread, tmp_path_factory):
     return results, out
 
 
+def test_hf_from_reuses_the_baseline_runs_it_has_and_runs_only_the_missing_ones(
+        bench_cram, modernbert_sweep, sample_cache, tmp_path):
+    earlier, folder = modernbert_sweep
+    common = TINY_BENCH + ["--cache", sample_cache, "--minutes", "0.03", "--no-downstream",
+                           "--hf-from", folder]
+    results = bench_cram.main(common + ["--hf-lrs", "2e-3,4e-3", "--ours-flags", "--lr 2e-3",
+                                        "--out", str(tmp_path / "lever")])
+    runs = results["runs"]
+    assert [(r["model"], r["lr"]) for r in runs] == [("ours", None), ("hf", 2e-3), ("hf", 4e-3)]
+    assert runs[1] == earlier["runs"][1]                                  # reused as it was
+    assert runs[2]["tokens"] > 0 and runs[2]["curve"]                     # trained now
+    assert results["settings"]["order"][1].endswith("(reused)")
+    with pytest.raises(SystemExit, match="--hf-from: .* was run with minutes 0.03"):
+        bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--minutes", "0.05",
+                                      "--hf-from", folder, "--out", str(tmp_path / "other")])
+
+
 def curve(*points):
     """Synthetic evaluations (elapsed s, tokens, loss)."""
     return [{"elapsed": t, "tokens": n, "val_loss": loss} for t, n, loss in points]
@@ -513,7 +530,7 @@ def test_ablation_arms_cross_four_position_schemes_with_and_without_the_embeddin
 
 def test_modernbert_is_the_default_baseline_and_its_sweep_reaches_8e_3(bench_cram):
     args = bench_cram.parse_args([])
-    assert args.baseline == "modernbert" and args.hf_schedule == "linear"
+    assert args.baseline == "modernbert" and args.hf_schedule == "wsd"  # its published schedule
     assert max(map(float, args.hf_lrs.split(","))) >= 8e-3
     assert bench_cram.parse_args(["--baseline", "bert"]).hf_lrs == "1e-4,3e-4,1e-3,2e-3,4e-3"
     assert bench_cram.parse_args(["--hf-lrs", "1e-3"]).hf_lrs == "1e-3"       # given: kept

@@ -1,0 +1,108 @@
+"""Muon for the hidden matrices, AdamW for the rest: one optimizer, as nanochat splits the work.
+
+    optimizer = muon.MuonAdamW(muon.param_groups(net, weight_decay=0.01), lr=1e-3)
+
+Muon (Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks") keeps
+SGD-momentum on each 2-D weight of the transformer blocks and replaces the update by an approximate
+orthogonalization of it (five Newton-Schulz iterations): every direction of the matrix moves by
+about the same amount, instead of the few large ones that dominate a raw gradient. The embedding,
+the tied output head, the norms and the scalars stay on AdamW (Loshchilov & Hutter 2019). Muon's
+step is scaled by 0.2 * sqrt(max(rows, cols)) (Liu et al. 2025, "Muon is scalable for LLM
+training", Section 2.2) so that its update has AdamW's RMS and both halves share one learning rate
+and one schedule.
+
+Why our own ~60 lines when torch.optim.Muon exists (and the tests check that both take the same
+step): train.py, grow.py and checkpoint.py each need ONE optimizer object (its param_groups set by
+the schedule, its state mapped by growth, its state_dict saved and resharded by Distributed
+Checkpoint), and torch.optim.Muon only takes matrices. And torch's runs its Newton-Schulz matmuls in
+bf16 always, which a CPU without bf16 instructions emulates about 50x slower than fp32; here the
+dtype is the caller's (train.py passes its autocast dtype).
+
+Under DDP each rank holds the whole, all-reduced gradient, so every rank takes the same step. Under
+FSDP2 a rank holds a shard of each matrix, and the orthogonalization of a shard is not a shard of
+the orthogonalization: train.py falls back to AdamW there (see train.make_optimizer).
+"""
+import torch
+
+# The quintic Newton-Schulz coefficients of Jordan et al. 2024 (chosen to maximise the slope at
+# zero; the result has singular values in about [0.7, 1.2] rather than exactly 1, which trains as
+# well), and its five iterations.
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+
+
+def param_groups(net, weight_decay):
+    """The three groups: the blocks' 2-D weights on Muon (decayed), the other tensors of two or more
+    dimensions on AdamW (decayed: the embedding and the tied head), the rest on AdamW undecayed
+    (norms, biases, scalars: cramming's limited_decay_keys)."""
+    params = [(name, p) for name, p in net.named_parameters() if p.requires_grad]
+    hidden = [p for name, p in params if name.startswith("blocks.") and p.dim() == 2]
+    matrices = [p for name, p in params if not name.startswith("blocks.") and p.dim() >= 2]
+    small = [p for name, p in params if p.dim() < 2]
+    return [{"params": hidden, "use_muon": True, "weight_decay": weight_decay},
+            {"params": matrices, "use_muon": False, "weight_decay": weight_decay},
+            {"params": small, "use_muon": False, "weight_decay": 0.0}]
+
+
+def orthogonalize(g, dtype=torch.float32, steps=NS_STEPS):
+    """About U V^T for g = U S V^T (g: rows x cols), by Newton-Schulz iteration in `dtype`."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.to(dtype)
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T  # iterate on the short side: the Gram matrix x @ x.T is then the small one
+    x = x / x.norm().clamp(min=1e-7)  # the Frobenius norm bounds the spectral norm: all s <= 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x  # s -> a s + b s^3 + c s^5 on each value
+    return (x.T if tall else x).to(g.dtype)
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon on the groups marked use_muon, AdamW on the others (see the module docstring).
+
+    lr: both halves' learning rate (Muon's scaled to AdamW's RMS); momentum: Muon's (Nesterov);
+    betas, eps: AdamW's; weight_decay: decoupled, per group; ns_dtype: the Newton-Schulz dtype."""
+
+    def __init__(self, groups, lr, momentum=0.95, betas=(0.9, 0.98), eps=1e-12,
+                 weight_decay=0.0, ns_dtype=torch.float32):
+        defaults = {"lr": lr, "momentum": momentum, "betas": tuple(betas), "eps": eps,
+                    "weight_decay": weight_decay, "use_muon": False}
+        super().__init__(groups, defaults)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    update = muon_update if group["use_muon"] else adamw_update
+                    update(p, p.grad, self.state[p], group, self.ns_dtype)
+
+
+def muon_update(p, grad, state, group, ns_dtype):
+    """One Muon step on the matrix p: Nesterov momentum, orthogonalized, decoupled weight decay."""
+    lr, mu = group["lr"], group["momentum"]
+    if "momentum_buffer" not in state:
+        state["momentum_buffer"] = torch.zeros_like(p)
+    buf = state["momentum_buffer"]
+    buf.lerp_(grad, 1 - mu)  # buf = mu * buf + (1 - mu) * grad
+    direction = orthogonalize(grad.lerp(buf, mu), ns_dtype)  # Nesterov: look one step ahead
+    p.mul_(1 - lr * group["weight_decay"])
+    p.add_(direction, alpha=-lr * 0.2 * max(p.shape) ** 0.5)  # AdamW's update RMS (Liu et al.)
+
+
+def adamw_update(p, grad, state, group, ns_dtype=None):
+    """One AdamW step (Loshchilov & Hutter 2019), as torch.optim.AdamW takes it."""
+    lr, (b1, b2) = group["lr"], group["betas"]
+    if "step" not in state:
+        state["step"] = torch.zeros((), dtype=torch.float32)
+        state["exp_avg"] = torch.zeros_like(p)
+        state["exp_avg_sq"] = torch.zeros_like(p)
+    state["step"] += 1
+    t = state["step"].item()
+    state["exp_avg"].lerp_(grad, 1 - b1)
+    state["exp_avg_sq"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    p.mul_(1 - lr * group["weight_decay"])
+    denominator = (state["exp_avg_sq"].sqrt() / (1 - b2 ** t) ** 0.5).add_(group["eps"])
+    p.addcdiv_(state["exp_avg"], denominator, value=-lr / (1 - b1 ** t))

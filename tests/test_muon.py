@@ -1,0 +1,182 @@
+"""Specification of muon.py and --optimizer muon: python -m pytest -q tests/test_muon.py
+
+Muon on the blocks' matrices, AdamW on the rest, in one optimizer: the same step as torch's own
+Muon and AdamW, a state that round-trips, resumes bit-exactly, grows with the model, and gives
+the same weights under DDP on two ranks as in one process.
+"""
+import argparse
+import copy
+import json
+
+import torch
+
+import conftest
+import grow
+import muon
+import train
+from conftest import seeded_model
+from test_train import run, spawn, weights
+
+
+def tiny_muon(net, lr=1e-2, weight_decay=0.01):
+    return muon.MuonAdamW(muon.param_groups(net, weight_decay), lr=lr)
+
+
+def train_steps(net, optimizer, steps, seed=1):
+    """A few steps on one fixed batch of random ids; returns the losses."""
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(seed))
+    losses = []
+    for _ in range(steps):
+        loss = net(ids, labels=ids)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+# --- the update -------------------------------------------------------------------------
+
+def test_newton_schulz_brings_every_singular_value_near_one():
+    g = torch.randn(48, 32, generator=torch.Generator().manual_seed(0))
+    g = g * torch.logspace(-1, 1, 32)  # columns scaled over two decades
+    s_g = torch.linalg.svdvals(g)
+    assert s_g.min() < 0.005 * s_g.max()  # a condition number over 200
+    s = torch.linalg.svdvals(muon.orthogonalize(g))
+    assert s.min() > 0.6 and s.max() < 1.25  # about U V^T: Jordan et al.'s quintic gives 0.7-1.2
+    u, _, vt = torch.linalg.svd(g, full_matrices=False)
+    cosine = (muon.orthogonalize(g) * (u @ vt)).sum() / (u @ vt).norm() ** 2
+    assert cosine > 0.85  # and it points where U V^T does
+
+
+def test_muon_half_takes_torch_optim_muons_step_and_adamw_half_takes_adamws():
+    torch.manual_seed(0)
+    w, e = torch.randn(48, 32), torch.randn(10, 8)
+    w_ref, e_ref = w.clone(), e.clone()
+    ours = muon.MuonAdamW([{"params": [w], "use_muon": True, "weight_decay": 0.1},
+                           {"params": [e], "use_muon": False, "weight_decay": 0.01}],
+                          lr=0.02, ns_dtype=torch.bfloat16)  # torch's Newton-Schulz runs in bf16
+    muon_ref = torch.optim.Muon([w_ref], lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    adamw_ref = torch.optim.AdamW([e_ref], lr=0.02, betas=(0.9, 0.98), eps=1e-12,
+                                  weight_decay=0.01)
+    start = w.clone()
+    for _ in range(5):
+        g, ge = torch.randn(48, 32), torch.randn(10, 8)
+        w.grad, w_ref.grad, e.grad, e_ref.grad = g, g.clone(), ge, ge.clone()
+        for optimizer in (ours, muon_ref, adamw_ref):
+            optimizer.step()
+    moved = (w_ref - start).abs().max().item()
+    assert moved > 0.05
+    assert (w - w_ref).abs().max().item() < 0.02 * moved  # bf16 rounds in another order
+    assert torch.equal(e, e_ref)
+
+
+def test_muons_update_has_adamws_rms_so_one_learning_rate_serves_both():
+    w = torch.zeros(64, 256, requires_grad=True)
+    optimizer = muon.MuonAdamW([{"params": [w], "use_muon": True}], lr=1e-2)
+    w.grad = torch.randn(64, 256)
+    optimizer.step()
+    rms = w.detach().pow(2).mean().sqrt().item() / 1e-2
+    assert 0.12 < rms < 0.28  # Liu et al. 2025 match AdamW's typical update RMS of 0.2-0.4 x lr
+
+
+def test_the_blocks_matrices_go_to_muon_and_everything_else_to_adamw():
+    net = seeded_model(conftest.tiny(positions="learned"))
+    groups = muon.param_groups(net, weight_decay=0.01)
+    names = {id(p): n for n, p in net.named_parameters()}
+    on_muon = {names[id(p)] for p in groups[0]["params"]}
+    assert on_muon == {n for n, p in net.named_parameters() if n.startswith("blocks.")
+                       and p.dim() == 2}
+    assert {names[id(p)] for p in groups[1]["params"]} == {"tok_emb.weight", "pos_emb.weight"}
+    assert all(p.dim() < 2 for p in groups[2]["params"]) and groups[2]["weight_decay"] == 0.0
+    owned = [id(p) for g in groups for p in g["params"]]
+    assert sorted(owned) == sorted(names) and len(set(owned)) == len(owned)
+
+
+def test_a_tiny_model_learns_and_the_state_dict_round_trips():
+    net, twin = seeded_model(conftest.tiny()), seeded_model(conftest.tiny())
+    optimizer = tiny_muon(net)
+    losses = train_steps(net, optimizer, 20)
+    assert losses[-1] < 0.5 * losses[0]
+    twin.load_state_dict(net.state_dict())
+    restored = tiny_muon(twin)
+    restored.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # as if read from disk
+    assert train_steps(net, optimizer, 3, seed=2) == train_steps(twin, restored, 3, seed=2)
+    assert torch.equal(net.blocks[0].qkv.weight, twin.blocks[0].qkv.weight)
+
+
+def test_growth_carries_muons_momentum_and_preserves_the_function():
+    net = seeded_model(conftest.tiny(max_seq_len=16))
+    optimizer = tiny_muon(net)
+    train_steps(net, optimizer, 2)
+    grown, mapping = grow.grow_model(net, {**net.config, "ffn_dim": 64})
+    new_opt = grow.grow_optimizer(optimizer, net, grown, mapping, tiny_muon)
+    assert isinstance(new_opt, muon.MuonAdamW)
+    old = optimizer.state[net.blocks[0].down.weight]["momentum_buffer"]  # (d, f) = (32, 48)
+    new = new_opt.state[grown.blocks[0].down.weight]["momentum_buffer"]  # (32, 64)
+    assert torch.equal(new[:, :48], old) and torch.count_nonzero(new[:, 48:]) == 0
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
+    net.eval(), grown.eval()
+    with torch.no_grad():
+        assert torch.allclose(net(ids)["logits"], grown(ids)["logits"], atol=1e-5)
+    grown.train()
+    assert all(torch.isfinite(torch.tensor(train_steps(grown, new_opt, 2))))
+
+
+# --- train.py --optimizer muon -----------------------------------------------------------
+
+def settings(**overrides):
+    return argparse.Namespace(**{"optimizer": "muon", "shard": "none", "lr": 1e-3,
+                                 "momentum": 0.95, "betas": [0.9, 0.98], "eps": 1e-12,
+                                 "weight_decay": 0.01, **overrides})
+
+
+def test_train_py_builds_muon_and_falls_back_to_adamw_under_fsdp():
+    net, cpu = seeded_model(conftest.tiny()), torch.device("cpu")
+    hw = train.Hardware(cpu, rank=0, world=1, dtype=torch.float32)
+    assert isinstance(train.make_optimizer(net, settings(), hw), muon.MuonAdamW)
+    assert isinstance(train.make_optimizer(net, settings(shard="fsdp"), hw), torch.optim.AdamW)
+    assert isinstance(train.make_optimizer(net, settings(optimizer="adamw"), hw),
+                      torch.optim.AdamW)
+
+
+def test_a_muon_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_path):
+    flags = ["--optimizer", "muon", "--max-steps", "200", "--checkpoint-steps", "10",
+             "--log-every", "50"]
+    straight = run(sample_cache, tmp_path / "straight", *flags)
+    assert straight["final_val_loss"] < 5.9  # from ln 512 = 6.2
+    proc = spawn(sample_cache, tmp_path / "killed", *flags)
+    ckpt = tmp_path / "killed" / "checkpoint.pt"
+    while not ckpt.exists() and proc.poll() is None:
+        pass
+    proc.kill()
+    assert proc.wait() != 0, "the run finished before it could be killed"
+    summary = run(sample_cache, tmp_path / "killed", "--resume")
+    assert summary["steps"] == 200
+    a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_muon_run_grows_and_keeps_muon(sample_cache, tmp_path):
+    run(sample_cache, tmp_path / "grown", "--optimizer", "muon", "--max-steps", "40",
+        "--grow", "0:layers=1; 0.5:layers=2")
+    events = [e for e in conftest.read_log(tmp_path / "grown") if e.get("kind") == "grow"]
+    assert len(events) == 1 and events[0]["optimizer"] == "carry/zero"
+    saved = torch.load(tmp_path / "grown" / "checkpoint.pt", weights_only=False)["optimizer"]
+    hidden = saved["param_groups"][0]
+    assert hidden["use_muon"] and len(hidden["params"]) == 2 * 4  # 2 layers x qkv, out, up, down
+    assert all("momentum_buffer" in saved["state"][i] for i in hidden["params"])
+
+
+def test_muon_under_ddp_on_two_ranks_equals_one_process(sample_cache, tmp_path):
+    flags = ["--optimizer", "muon", "--max-steps", "5", "--batch-ramp", "0",
+             "--batch-tokens", "256", "--eval-every", "1"]
+    run(sample_cache, tmp_path / "single", *flags, "--micro-batch", "8")
+    proc = spawn(sample_cache, tmp_path / "ddp", *flags, "--micro-batch", "4",
+                 launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-2000:]
+    assert json.load(open(tmp_path / "ddp" / "summary.json"))["world_size"] == 2
+    a, b = weights(tmp_path / "single" / "final"), weights(tmp_path / "ddp" / "final")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+

@@ -143,10 +143,13 @@ def add_optimization_flags(p):
                    help="Muon's Nesterov momentum (with --optimizer muon)")
     g.add_argument("--lr", type=float, default=None, help="peak learning rate (default: cramming's "
                    "1e-3 at width 768, scaled as 1/d-model for narrower models)")
-    g.add_argument("--schedule", choices=["triangle", "one-cycle", "linear", "cosine", "constant"],
+    g.add_argument("--schedule", choices=["triangle", "one-cycle", "linear", "cosine", "constant",
+                                          "wsd", "trapezoid"],
                    default="triangle", help="learning-rate shape as a function of budget progress")
     g.add_argument("--warmup", type=float, default=0.06,
-                   help="warm-up fraction of the budget (linear, cosine)")
+                   help="warm-up fraction of the budget (all but triangle and one-cycle)")
+    g.add_argument("--decay", type=float, default=0.2, help="wsd and trapezoid: the last "
+                   "fraction of the budget, over which the rate falls to zero (default: 0.2)")
     g.add_argument("--weight-decay", type=float, default=0.01,
                    help="AdamW decoupled weight decay (not on norms/biases)")
     g.add_argument("--betas", type=float, nargs=2, default=[0.9, 0.98], help="AdamW betas")
@@ -228,6 +231,7 @@ def check_args(parser, args):
         need(v is None or v >= 1, "--" + name.replace("_", "-"), ">= 1")
     if not 0 <= args.batch_ramp < 1 or not 0 <= args.warmup < 1 or not 0 < args.eval_every <= 1:
         parser.error("--batch-ramp and --warmup must be in [0, 1), --eval-every in (0, 1]")
+    need(0 < args.decay <= 1 - args.warmup, "--decay", "in (0, 1 - warmup]")
     if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         parser.error(f"--lr must be positive, got {args.lr}")
     if args.model != "auto" and args.model not in model.PRESETS:

@@ -217,16 +217,24 @@ def train_step(net, optimizer, micro_batches, *, accumulation=None, lr=None, cli
 # -----------------------------------------------------------------------------
 # Schedules: pure functions of budget progress p in [0, 1]
 
-def lr_multiplier(p, schedule="triangle", warmup=0.06):
-    """Learning rate as a fraction of the peak at progress p."""
+def lr_multiplier(p, schedule="triangle", warmup=0.06, decay=0.2):
+    """Learning rate as a fraction of the peak at progress p. decay: the last fraction of the
+    budget over which "wsd" and "trapezoid" fall to zero."""
     if schedule == "triangle":      # cramming's budget-triangle2: min(0.25 + p, 4 (1 - p))
         return max(0.0, min(0.25 + p, 4.0 * (1.0 - p)))
     if schedule == "one-cycle":     # Smith & Topin 2019: up to the peak at p = 0.5, then down
         return max(0.0, 1.0 - abs(2.0 * p - 1.0))
-    if warmup > 0 and p < warmup:   # linear and cosine warm up linearly from 0
+    if warmup > 0 and p < warmup:   # the others warm up linearly from 0
         return p / warmup
     if schedule == "constant":
         return 1.0
+    if schedule in ("wsd", "trapezoid"):  # warmup-stable-decay (Hu et al. 2024, MiniCPM)
+        q = (p - (1.0 - decay)) / decay   # progress through the decay, < 0 before it starts
+        if q <= 0:
+            return 1.0
+        # ModernBERT decays as 1 - sqrt (Haegele et al. 2024, Section 3); the trapezoid linearly
+        q = min(q, 1.0)
+        return 1.0 - (math.sqrt(q) if schedule == "wsd" else q)
     q = (p - warmup) / (1.0 - warmup)
     if schedule == "linear":
         return max(0.0, 1.0 - q)
@@ -235,7 +243,7 @@ def lr_multiplier(p, schedule="triangle", warmup=0.06):
 
 def learning_rate(args, state, p):
     """The peak rate times the schedule at progress p, re-warmed after growth with --grow-rewarm."""
-    lr = args.lr * lr_multiplier(p, args.schedule, args.warmup)
+    lr = args.lr * lr_multiplier(p, args.schedule, args.warmup, args.decay)
     if state.stage > 0 and args.grow_rewarm > 0:
         lr *= grow.rewarm_factor(p, state.stage_at, args.grow_rewarm)
     return lr

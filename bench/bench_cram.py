@@ -213,19 +213,14 @@ def hf_intermediate(baseline, cfg, bert_ffn_dim):
     return bert_ffn_dim if baseline == "bert" else modernbert_intermediate(cfg)
 
 
-def hf_lr_multiplier(p, schedule="linear"):
-    """The HF learning rate as a fraction of its peak at budget progress p: "linear" (the
-    BERT/RoBERTa recipe: warm-up, then linear decay to 0 at the deadline) or "wsd" (warm-up,
-    constant, then 1 - sqrt of the decay's progress over the last WSD_DECAY of the budget,
-    ModernBERT's schedule)."""
-    if schedule in ("linear", "triangle"):
-        return train.lr_multiplier(p, schedule, HF_WARMUP)
-    if schedule != "wsd":
+def hf_lr_multiplier(p, schedule):
+    """The HF learning rate as a fraction of its peak at budget progress p: "wsd" (ModernBERT's:
+    warm-up, constant, then 1 - sqrt over the last WSD_DECAY of the budget), "linear" (the
+    BERT/RoBERTa recipe: warm-up, then linear decay to 0 at the deadline) or "triangle" (ours).
+    The same function as train.py's schedules, with the baseline's warm-up."""
+    if schedule not in HF_SCHEDULES:
         raise ValueError(f"unknown HF schedule {schedule!r}; choose from {', '.join(HF_SCHEDULES)}")
-    if p < HF_WARMUP:
-        return p / HF_WARMUP
-    q = (p - (1.0 - WSD_DECAY)) / WSD_DECAY  # progress through the decay, < 0 before it starts
-    return 1.0 if q <= 0 else max(0.0, 1.0 - math.sqrt(min(q, 1.0)))
+    return train.lr_multiplier(p, schedule, HF_WARMUP, WSD_DECAY)
 
 
 def dense_labels(batch):
@@ -829,7 +824,7 @@ def run_all(args):
     settings = {**vars(args), "threads": threads, "device": str(device), "ours_ffn_dim": s.ffn_dim,
                 "hf_intermediate": arm["intermediate"],
                 "dtype": str(dtype).replace("torch.", ""),
-                "hf_attention": hf_attention(device, dtype),
+                "hf_attention": hf_attention(device, dtype), "hf_sees": hf_sees(s, cfg),
                 "hf_recipe": {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "clip": 1.0,
                               "warmup": HF_WARMUP, "schedule": HF_SCHEDULES[args.hf_schedule],
                               "dropout": 0.0}}
@@ -867,11 +862,18 @@ def run_all(args):
     return results
 
 
-# What must match for an earlier HF run to stand for one of this benchmark's: the data, the shape,
-# the batches, the budget, the machine's dtype and threads, and the baseline's recipe.
-SAME_FOR_REUSE = ("data", "minutes", "n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len",
-                  "vocab_size", "batch_tokens", "micro_batch", "eval_batches", "baseline",
-                  "hf_schedule", "threads", "device", "dtype", "hf_intermediate")
+# What must match for an earlier HF run to stand for one of this benchmark's: the data, the budget,
+# the machine's dtype and threads, the baseline's recipe, and what the HF run saw of our settings
+# (hf_sees: --ours-flags such as --mask-rate or --micro-batch apply to HF too).
+SAME_FOR_REUSE = ("data", "minutes", "baseline", "hf_schedule", "threads", "device", "dtype",
+                  "hf_intermediate", "hf_sees")
+
+
+def hf_sees(s, cfg):
+    """The settings of ours that the HF runs share: its shape, batches, masks and compile choice."""
+    return {"mask_rate": s.mask_rate, "micro_batch": s.micro_batch, "max_seq_len": s.max_seq_len,
+            "batch_tokens": s.batch_tokens, "eval_batches": s.eval_batches, "compile": s.compile,
+            **{key: cfg[key] for key in ("n_layers", "d_model", "n_heads", "vocab_size")}}
 
 
 def earlier_hf_runs(folder, settings):

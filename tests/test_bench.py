@@ -251,6 +251,9 @@ def test_hf_from_reuses_the_baseline_runs_it_has_and_runs_only_the_missing_ones(
     with pytest.raises(SystemExit, match="--hf-from: .* was run with minutes 0.03"):
         bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--minutes", "0.05",
                                       "--hf-from", folder, "--out", str(tmp_path / "other")])
+    # --mask-rate in --ours-flags applies to HF too: runs at another rate cannot stand for them
+    with pytest.raises(SystemExit, match="--hf-from: .* was run with hf_sees .*'mask_rate': 0.25"):
+        bench_cram.main(common + ["--ours-flags", "--mask-rate 0.4", "--out", str(tmp_path / "m")])
 
 
 def curve(*points):
@@ -542,7 +545,8 @@ def test_wsd_schedule_warms_up_holds_then_decays_as_one_minus_sqrt(bench_cram):
     assert f(0) == 0 and f(w / 2) == pytest.approx(0.5) and f(w) == f(0.5) == f(start) == 1.0
     assert f(start + bench_cram.WSD_DECAY / 4) == pytest.approx(0.5)      # 1 - sqrt(1/4)
     assert f(1.0) == pytest.approx(0.0, abs=1e-12) and f(1.2) == 0.0
-    assert bench_cram.hf_lr_multiplier(0.5) == pytest.approx(1 - (0.5 - w) / (1 - w))  # linear
+    linear = bench_cram.hf_lr_multiplier(0.5, "linear")
+    assert linear == pytest.approx(1 - (0.5 - w) / (1 - w))
 
 
 def test_triangle_gives_the_baseline_our_own_schedule(bench_cram):

@@ -66,6 +66,16 @@ def test_linear_and_cosine_warm_up_then_decay_to_zero():
     assert train.lr_multiplier(0.55, "cosine", warmup=0.1) == pytest.approx(0.5)
 
 
+def test_wsd_and_trapezoid_hold_the_peak_then_decay_to_zero_over_the_last_fraction():
+    for shape in ("wsd", "trapezoid"):
+        f = lambda p: train.lr_multiplier(p, shape, warmup=0.1, decay=0.2)  # noqa: E731
+        assert f(0.05) == pytest.approx(0.5) and f(0.1) == f(0.5) == f(0.8) == 1.0
+        assert f(1.0) == pytest.approx(0.0) and f(1.1) == pytest.approx(0.0)
+    assert train.lr_multiplier(0.85, "wsd", warmup=0.1, decay=0.2) == pytest.approx(0.5)  # 1-sqrt
+    assert train.lr_multiplier(0.9, "trapezoid", warmup=0.1, decay=0.2) == pytest.approx(0.5)
+    assert train.lr_multiplier(0.75, "trapezoid", warmup=0.0, decay=0.5) == pytest.approx(0.5)
+
+
 def test_batch_ramp_reaches_the_target_at_60_percent():
     steps = [train.accumulation_steps(p, 8, ramp=0.6) for p in (0.0, 0.1, 0.3, 0.59, 0.6, 0.9)]
     assert steps == [1, 2, 5, 8, 8, 8]
@@ -430,6 +440,8 @@ def test_two_process_ddp_on_a_mixture_equals_one_process(sample_cache, tmp_path)
     (["--max-steps", "3", "--model", "huge"], "--model must be auto or one of"),
     (["--max-steps", "3", "--schedule", "square"], "invalid choice: 'square'"),
     (["--max-steps", "3", "--batch-ramp", "1.5"], "--batch-ramp and --warmup must be in"),
+    (["--max-steps", "3", "--schedule", "wsd", "--decay", "0.99"], "--decay must be in (0, 1 - "),
+    (["--max-steps", "3", "--optimizer", "muon", "--momentum", "1"], "--momentum must be in [0"),
 ])
 def test_bad_flags_give_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:

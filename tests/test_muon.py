@@ -15,24 +15,12 @@ import grow
 import muon
 import train
 from conftest import seeded_model
+from test_grow import train_steps  # a few steps on one fixed batch; returns the losses
 from test_train import run, spawn, weights
 
 
 def tiny_muon(net, lr=1e-2, weight_decay=0.01):
     return muon.MuonAdamW(muon.param_groups(net, weight_decay), lr=lr)
-
-
-def train_steps(net, optimizer, steps, seed=1):
-    """A few steps on one fixed batch of random ids; returns the losses."""
-    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(seed))
-    losses = []
-    for _ in range(steps):
-        loss = net(ids, labels=ids)["loss"]
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
 
 
 # --- the update -------------------------------------------------------------------------

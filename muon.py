@@ -11,12 +11,12 @@ step is scaled by 0.2 * sqrt(max(rows, cols)) (Liu et al. 2025, "Muon is scalabl
 training", Section 2.2) so that its update has AdamW's RMS and both halves share one learning rate
 and one schedule.
 
-Why our own ~60 lines when torch.optim.Muon exists (and the tests check that both take the same
-step): train.py, grow.py and checkpoint.py each need ONE optimizer object (its param_groups set by
-the schedule, its state mapped by growth, its state_dict saved and resharded by Distributed
-Checkpoint), and torch.optim.Muon only takes matrices. And torch's runs its Newton-Schulz matmuls in
-bf16 always, which a CPU without bf16 instructions emulates about 50x slower than fp32; here the
-dtype is the caller's (train.py passes its autocast dtype).
+Why our own ~60 lines when torch.optim.Muon exists (the tests check that both take the same
+step to within bf16 rounding): train.py, grow.py and checkpoint.py each need ONE optimizer object
+(its param_groups set by the schedule, its state mapped by growth, its state_dict saved and
+resharded by Distributed Checkpoint), and torch.optim.Muon only takes matrices. And torch's runs
+its Newton-Schulz matmuls in bf16 always, which a CPU without bf16 instructions emulates about 50x
+slower than fp32; here the dtype is the caller's (train.py passes its autocast dtype).
 
 Under DDP each rank holds the whole, all-reduced gradient, so every rank takes the same step. Under
 FSDP2 a rank holds a shard of each matrix, and the orthogonalization of a shard is not a shard of

@@ -135,7 +135,8 @@ def is_gpt2(cfg):
     """True when the config computes exactly GPT-2's function (see the module docstring)."""
     return (cfg["objective"] == "clm" and not cfg["num_labels"] and cfg["positions"] == "learned"
             and cfg["activation"] == "gelu" and cfg["norm"] == "layernorm"
-            and cfg["norm_position"] == "pre" and not cfg["embedding_norm"])
+            and cfg["norm_position"] == "pre" and not cfg["embedding_norm"]
+            and not cfg["qk_norm"])
 
 
 # -----------------------------------------------------------------------------

@@ -91,6 +91,13 @@ def add_model_flags(p):
     g.add_argument("--embedding-norm", choices=["on", "off"], default=None,
                    help="a norm right after the embedding (BLOOM's embedding LayerNorm; default: "
                    "the preset's, on)")
+    g.add_argument("--tie-embeddings", choices=["on", "off"], default=None,
+                   help="the output projection reuses the token embedding (default: on); off "
+                   "gives the head a matrix of its own")
+    g.add_argument("--qk-norm", choices=["on", "off"], default=None,
+                   help="RMS-normalize each head's queries and keys (default: off)")
+    g.add_argument("--zero-init", choices=["on", "off"], default=None,
+                   help="start the blocks' output projections at zero (default: off)")
     g.add_argument("--max-seq-len", type=int, default=None,
                    help="tokens per sequence (default: the preset's; cramming: 128)")
     # cramming masks 25%, not BERT's 15% (Devlin et al. 2019, Sec. 3.1): more predictions per
@@ -126,7 +133,8 @@ def add_model_flags(p):
 def add_optimization_flags(p):
     # Cramming ramps the batch to 8192 x 128 tokens over 60% of the budget; a CPU budget buys far
     # fewer tokens, so planning.choose_defaults shrinks the target until the run gets ~1000 steps
-    g = p.add_argument_group("optimization (defaults: cramming's recipe)")
+    g = p.add_argument_group("optimization (defaults: cramming's, with Muon and "
+                             "warmup-stable-decay from the speedrun, docs/records.md)")
     g.add_argument("--batch-tokens", type=int, default=None, help="target global batch in tokens, "
                    "reached by gradient accumulation (default: chosen from the budget, at most "
                    "cramming's 8192 x 128)")
@@ -136,16 +144,26 @@ def add_optimization_flags(p):
                    "which the batch grows linearly to its target (0 = off)")
     # cramming's bert-o4 (train/bert-o4.yaml): AdamW lr 1e-3 at width 768, betas (0.9, 0.98), eps
     # 1e-12, weight decay 0.01, global-norm clipping at 0.5, the budget triangle schedule
-    g.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
-                   help="adamw: AdamW on every tensor (cramming); muon: Muon on the blocks' "
-                   "matrices and AdamW on the rest, one learning rate (muon.py)")
-    g.add_argument("--momentum", type=float, default=0.95,
-                   help="Muon's Nesterov momentum (with --optimizer muon)")
+    # The speedrun's record 2 (docs/records.md): Muon at four times AdamW's lr with momentum 0.7,
+    # warmup-stable-decay
+    g.add_argument("--optimizer", choices=["adamw", "muon"], default="muon",
+                   help="muon (default): Muon on the blocks' matrices and AdamW on the rest, one "
+                   "learning rate (muon.py; AdamW under --shard fsdp); adamw: AdamW on every "
+                   "tensor (cramming)")
+    g.add_argument("--momentum", type=float, default=0.7,
+                   help="Muon's Nesterov momentum (with --optimizer muon; default 0.7, measured "
+                   "against 0.6-0.95 in docs/records.md; Jordan et al.: 0.95)")
+    g.add_argument("--muon-rms", type=float, default=0.2,
+                   help="the RMS of Muon's update per unit of lr (with --optimizer muon; 0.2 "
+                   "matches AdamW's, Liu et al. 2025; larger moves the blocks' matrices faster "
+                   "than the embedding)")
     g.add_argument("--lr", type=float, default=None, help="peak learning rate (default: cramming's "
-                   "1e-3 at width 768, scaled as 1/d-model for narrower models)")
+                   "1e-3 at width 768, scaled as 1/d-model for narrower models; four times "
+                   "that with Muon)")
     g.add_argument("--schedule", choices=["triangle", "one-cycle", "linear", "cosine", "constant",
                                           "wsd", "trapezoid"],
-                   default="triangle", help="learning-rate shape as a function of budget progress")
+                   default="wsd", help="learning-rate shape as a function of budget progress "
+                   "(default: warm-up, stable, then a 1 - sqrt decay; cramming: triangle)")
     g.add_argument("--warmup", type=float, default=0.06,
                    help="warm-up fraction of the budget (all but triangle and one-cycle)")
     g.add_argument("--decay", type=float, default=0.2, help="wsd and trapezoid: the last "
@@ -243,6 +261,7 @@ def check_args(parser, args):
     need(args.eps > 0, "--eps", "> 0")
     need(all(0 <= b < 1 for b in args.betas), "--betas", "two numbers in [0, 1)")
     need(0 <= args.momentum < 1, "--momentum", "in [0, 1)")
+    need(args.muon_rms > 0, "--muon-rms", "positive")
     need(args.grow_noise >= 0, "--grow-noise", ">= 0")
     need(0 <= args.grow_rewarm < 1, "--grow-rewarm", "in [0, 1)")
     need(args.grow is None or args.grow.strip(), "--grow",

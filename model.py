@@ -65,10 +65,12 @@ DEFAULTS = {
     "positions": "sinusoidal",  # learned | sinusoidal (scaled) | rotary | alibi | none
     "norm": "layernorm",        # layernorm | rmsnorm
     "norm_position": "pre",     # pre | post (BERT's; pre-LN trains stably at high learning rates)
-    "activation": "geglu",      # the feed-forward's: gelu | geglu | swiglu (the last two gated)
+    "activation": "geglu",      # the feed-forward's: gelu | relu2 | geglu | swiglu (last two gated)
     "bias": False,              # biases in the linear layers of the blocks
     "embedding_norm": True,     # a norm right after the embedding (BLOOM's "embedding LayerNorm")
     "tie_embeddings": True,     # the output projection reuses the token embedding matrix
+    "qk_norm": False,           # RMS-normalize each head's queries and keys before their product
+    "zero_init": False,         # the blocks' output projections (out, down) start at zero
     "dropout": 0.0,             # off in pretraining (cramming); evaluate_glue.py fine-tunes at 0.1
     "mask_rate": 0.25,          # share of tokens MLM predicts (cramming: 25%); in FLOP accounting
     "num_labels": 0,            # > 0 adds a sequence classification head (1 = regression)
@@ -92,7 +94,7 @@ CHOICES = {
     "positions": ("learned", "sinusoidal", "rotary", "alibi", "none"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_position": ("pre", "post"),
-    "activation": ("gelu", "geglu", "swiglu"),
+    "activation": ("gelu", "relu2", "geglu", "swiglu"),
 }
 POSITIVE_INTS = ("vocab_size", "n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len")
 VOCAB_MULTIPLE = 64
@@ -112,7 +114,7 @@ def validate_config(cfg):
     for key, allowed in CHOICES.items():
         if cfg[key] not in allowed:
             raise ValueError(f"config key {key!r} must be one of {allowed}, got {cfg[key]!r}")
-    for key in ("bias", "embedding_norm", "tie_embeddings"):
+    for key in ("bias", "embedding_norm", "tie_embeddings", "qk_norm", "zero_init"):
         if not isinstance(cfg[key], bool):
             raise ValueError(f"config key {key!r} must be true or false, got {cfg[key]!r}")
     if not isinstance(cfg["num_labels"], int) or cfg["num_labels"] < 0:
@@ -248,6 +250,7 @@ class Block(nn.Module):
         d, f, bias = cfg["d_model"], cfg["ffn_dim"], cfg["bias"]
         self.n_heads, self.pre_norm = cfg["n_heads"], cfg["norm_position"] == "pre"
         self.activation, self.dropout = cfg["activation"], cfg["dropout"]
+        self.qk_norm = cfg["qk_norm"]
         self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
         self.qkv = nn.Linear(d, 3 * d, bias=bias)      # one matmul for queries, keys and values
         self.out = nn.Linear(d, d, bias=bias)
@@ -262,11 +265,17 @@ class Block(nn.Module):
         B, T, d = x.shape
         # (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd): heads become a batch dimension (SDPA).
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv                                                     # 3 x (B, H, T, hd)
+        qk, v = qkv[:2], qkv[2]                                  # (2, B, H, T, hd), (B, H, T, hd)
+        # QK-norm (Dehghani et al. 2023, ViT-22B; the modded-nanogpt speedrun): each query and key
+        # scaled to unit RMS, so no score can grow past sqrt(hd) however large the weights get.
+        # No gain parameters, so growth (grow.py) has nothing new to map.
+        if self.qk_norm:
+            qk = F.rms_norm(qk, (qk.shape[-1],))
         # Rotary rotates queries and keys only, both in one call:
         # the scores see positions, the values stay pure content.
         if rope is not None:
-            q, k = apply_rotary(qkv[:2], *rope)                               # 2 x (B, H, T, hd)
+            qk = apply_rotary(qk, *rope)
+        q, k = qk                                                         # 2 x (B, H, T, hd)
         if mask is not None and mask.dtype != torch.bool:
             # SDPA wants a float mask in the query's dtype (bf16 under autocast)
             mask = mask.to(q.dtype)
@@ -288,6 +297,9 @@ class Block(nn.Module):
         h = self.up(x)                                     # (B, T, f), or (B, T, 2f) when gated
         if self.activation == "gelu":
             h = F.gelu(h)
+        elif self.activation == "relu2":
+            # ReLU squared (So et al. 2021, "Primer", Sec. 4): sparse like ReLU, smooth at 0
+            h = F.relu(h).square()
         else:
             gate, value = h.chunk(2, dim=-1)                             # 2 x (B, T, f)
             h = (F.gelu(gate) if self.activation == "geglu" else F.silu(gate)) * value
@@ -399,6 +411,12 @@ class Transformer(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=self.config["init_std"])
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+        # zero_init (the modded-nanogpt speedrun): every block starts as the identity, its
+        # sublayers' outputs zero, so the first steps train the embedding and head through a
+        # clean residual stream. Muon's first orthogonalized step makes them non-zero at once.
+        if isinstance(module, Block) and self.config["zero_init"]:
+            nn.init.zeros_(module.out.weight)
+            nn.init.zeros_(module.down.weight)
 
     # --- pieces of the forward pass -------------------------------------------------
 

@@ -8,8 +8,9 @@ orthogonalization of it (five Newton-Schulz iterations): every direction of the 
 about the same amount, instead of the few large ones that dominate a raw gradient. The embedding,
 the tied output head, the norms and the scalars stay on AdamW (Loshchilov & Hutter 2019). Muon's
 step is scaled by 0.2 * sqrt(max(rows, cols)) (Liu et al. 2025, "Muon is scalable for LLM
-training", Section 2.2) so that its update has AdamW's RMS and both halves share one learning rate
-and one schedule.
+training", Section 2.2) so that its update has AdamW's RMS, 0.2 lr, and both halves share one
+learning rate and one schedule. update_rms sets that 0.2: a larger one steps the matrices faster
+than the embedding at the same lr.
 
 Why our own ~60 lines when torch.optim.Muon exists (the tests check that both take the same
 step to within bf16 rounding): train.py, grow.py and checkpoint.py each need ONE optimizer object
@@ -61,26 +62,30 @@ def orthogonalize(g, dtype=torch.float32, steps=NS_STEPS):
 class MuonAdamW(torch.optim.Optimizer):
     """Muon on the groups marked use_muon, AdamW on the others (see the module docstring).
 
-    lr: both halves' learning rate (Muon's scaled to AdamW's RMS); momentum: Muon's (Nesterov);
-    betas, eps: AdamW's; weight_decay: decoupled, per group; ns_dtype: the Newton-Schulz dtype."""
+    lr: both halves' learning rate; update_rms: the RMS of Muon's update per unit of lr (0.2:
+    AdamW's); momentum: Muon's (Nesterov); betas, eps: AdamW's; weight_decay: decoupled, per group;
+    ns_dtype: the Newton-Schulz dtype."""
 
     def __init__(self, groups, lr, momentum=0.95, betas=(0.9, 0.98), eps=1e-12,
-                 weight_decay=0.0, ns_dtype=torch.float32):
+                 weight_decay=0.0, ns_dtype=torch.float32, update_rms=0.2):
         defaults = {"lr": lr, "momentum": momentum, "betas": tuple(betas), "eps": eps,
                     "weight_decay": weight_decay, "use_muon": False}
         super().__init__(groups, defaults)
-        self.ns_dtype = ns_dtype
+        self.ns_dtype, self.update_rms = ns_dtype, update_rms
 
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    update = muon_update if group["use_muon"] else adamw_update
-                    update(p, p.grad, self.state[p], group, self.ns_dtype)
+                    if group["use_muon"]:
+                        muon_update(p, p.grad, self.state[p], group, self.ns_dtype,
+                                    self.update_rms)
+                    else:
+                        adamw_update(p, p.grad, self.state[p], group)
 
 
-def muon_update(p, grad, state, group, ns_dtype):
+def muon_update(p, grad, state, group, ns_dtype, update_rms=0.2):
     """One Muon step on the matrix p: Nesterov momentum, orthogonalized, decoupled weight decay."""
     lr, mu = group["lr"], group["momentum"]
     if "momentum_buffer" not in state:
@@ -89,10 +94,12 @@ def muon_update(p, grad, state, group, ns_dtype):
     buf.lerp_(grad, 1 - mu)  # buf = mu * buf + (1 - mu) * grad
     direction = orthogonalize(grad.lerp(buf, mu), ns_dtype)  # Nesterov: look one step ahead
     p.mul_(1 - lr * group["weight_decay"])
-    p.add_(direction, alpha=-lr * 0.2 * max(p.shape) ** 0.5)  # AdamW's update RMS (Liu et al.)
+    # An orthogonal (A, B) matrix has RMS 1/sqrt(max(A, B)): scaled, the update's RMS is
+    # update_rms * lr.
+    p.add_(direction, alpha=-lr * update_rms * max(p.shape) ** 0.5)
 
 
-def adamw_update(p, grad, state, group, ns_dtype=None):
+def adamw_update(p, grad, state, group):
     """One AdamW step (Loshchilov & Hutter 2019), as torch.optim.AdamW takes it."""
     lr, (b1, b2) = group["lr"], group["betas"]
     if "step" not in state:

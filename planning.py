@@ -29,10 +29,16 @@ CPU_FLOPS_PER_THREAD = 1.5e10  # training FLOP/s of one core, fp32: 15-20 G meas
 # Optimizer steps a run aims for, measured (docs/train.md, the recipe): fewer, larger steps lose;
 # more, smaller ones too.
 STEPS_WANTED = 1000
+# Muon's best learning rate over AdamW's 1/width rule, with Muon's update RMS-matched to AdamW's
+# (muon.py) and momentum 0.7: 4 at width 128 (2 at momentum 0.95), measured against ModernBERT
+# (docs/records.md)
+MUON_LR_FACTOR = 4.0
 CRAMMING_BATCH = 8192 * 128  # cramming's final batch, 8192 x 128 tokens (train/bert-o4.yaml)
 # Model config keys that a flag of the same name (--n-layers for n_layers) overrides on the preset
 SIZE_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim")
 CHOICE_KEYS = ("positions", "norm", "norm_position", "activation")
+# Model config keys that are true or false, each set by an on|off flag (--qk-norm on)
+ON_OFF_KEYS = ("embedding_norm", "tie_embeddings", "qk_norm", "zero_init")
 
 
 def model_config(args, vocab_size):
@@ -43,8 +49,7 @@ def model_config(args, vocab_size):
         return model.validate_config({**base, "mask_rate": args.mask_rate, "dropout": 0.0})
     keys = SIZE_KEYS + CHOICE_KEYS
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
-    if args.embedding_norm:
-        overrides["embedding_norm"] = args.embedding_norm == "on"
+    overrides.update({k: getattr(args, k) == "on" for k in ON_OFF_KEYS if getattr(args, k)})
     return model.make_config(args.model, **overrides, vocab_size=vocab_size,
                              max_seq_len=args.max_seq_len, objective=args.objective,
                              mask_rate=args.mask_rate, dropout=0.0)
@@ -129,9 +134,15 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
         # as large as memory allows (cramming: 128 on a GPU), never more than the batch
         batch_tokens = chosen.get("batch_tokens", args.batch_tokens)
         chosen["micro_batch"] = max(1, min(128 if on_gpu else 32, batch_tokens // (seq * world)))
+    optimizer = args.optimizer
+    if optimizer == "muon" and args.shard == "fsdp":
+        # Newton-Schulz needs whole matrices, and an FSDP rank holds a shard of each (muon.py)
+        chosen["optimizer"] = optimizer = "adamw"
     if args.lr is None:
-        # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: docs/train.md
-        chosen["lr"] = round(1e-3 * 768 / cfg["d_model"], 6)
+        # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: docs/train.md.
+        # Muon's is four times that (docs/records.md).
+        factor = MUON_LR_FACTOR if optimizer == "muon" else 1.0
+        chosen["lr"] = round(1e-3 * 768 / cfg["d_model"] * factor, 6)
     return chosen, why_chosen(chosen, basis, n_star, tokens)
 
 

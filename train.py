@@ -434,6 +434,9 @@ def resolve_settings(args, *, device, rank, world):
     args = argparse.Namespace(**{**vars(args), **chosen})
     if why and rank == 0:
         print(f"defaults: {why} (flags given on the command line always win)")
+    if chosen.get("optimizer") == "adamw" and rank == 0:
+        print("note: --optimizer muon runs AdamW under --shard fsdp (Newton-Schulz needs whole "
+              "matrices, and a rank holds a shard of each)")
     ckpt = checkpoint.load(checkpoint.path_in(args.out, args.shard)) if args.resume else None
     stages = growth_stages(args, planning.model_config(args, args.vocab_size))  # fails before work
     lengths = {args.max_seq_len, *(s["config"]["max_seq_len"] for s in stages)}
@@ -537,9 +540,6 @@ def build(args, hw, out, meta, stages, *, ckpt=None, init=None):
         out.say(f"starting from the weights of {args.init_from}")
     net = parallel.wrap(net.train(), args, hw.device, hw.world)
     optimizer = make_optimizer(model.unwrap(net), args, hw)
-    if args.optimizer == "muon" and args.shard == "fsdp":
-        out.say("--optimizer muon: AdamW instead under --shard fsdp (Newton-Schulz needs whole "
-                "matrices, and a rank holds a shard of each)")
     settings = {"objective": args.objective, "seed": args.seed, "rank": hw.rank,
                 "world_size": hw.world, "mask_rate": args.mask_rate}
     loader = make_loader(meta, "train", settings, device=hw.device)
@@ -556,11 +556,12 @@ def build(args, hw, out, meta, stages, *, ckpt=None, init=None):
 def make_optimizer(net, args, hw):
     """AdamW (decoupled weight decay, Loshchilov & Hutter 2019) as cramming's bert-o4 sets it: lr
     1e-3 at width 768, betas (0.9, 0.98), eps 1e-12, weight decay 0.01. --optimizer muon: Muon on
-    the blocks' matrices and the same AdamW on the rest, at the same lr (muon.py)."""
-    if args.optimizer == "muon" and args.shard != "fsdp":
+    the blocks' matrices and the same AdamW on the rest, at the same lr (muon.py; under --shard
+    fsdp planning.choose_defaults has made it adamw)."""
+    if args.optimizer == "muon":
         return muon.MuonAdamW(muon.param_groups(net, args.weight_decay), lr=args.lr,
                               momentum=args.momentum, betas=args.betas, eps=args.eps,
-                              ns_dtype=hw.dtype)
+                              ns_dtype=hw.dtype, update_rms=args.muon_rms)
     params = [p for p in net.parameters() if p.requires_grad]
     # no decay on norms, biases and scalars (cramming's limited_decay_keys; here: tensors under 2-D)
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},

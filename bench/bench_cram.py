@@ -148,13 +148,15 @@ HELD_OUT_PLAYS = ("alls well that ends well", "measure for measure", "two gentle
 # Shared settings: what our run will actually use, read back through train.py's own parser
 
 
-def ours_ffn_dim(hf_intermediate, activation):
-    """Our FFN width with about the weights (and FLOPs) of HF's GELU FFN of width hf_intermediate:
-    a gated FFN has an up-projection d x 2f and a down-projection f x d (3 d f weights) against
-    HF's 2 d I."""
-    if activation not in model.GATED:
-        return hf_intermediate
-    return max(32, round(2 * hf_intermediate / 3 / 32) * 32)
+def ours_ffn_dim(ffn_dim, activation, baseline="bert"):
+    """Our FFN width, with about the weights (and FLOPs) of the baseline's FFN. BERT's is a GELU
+    FFN of width ffn_dim (2 d ffn_dim weights): a gated FFN of ours (3 d f) gets f = 2/3 ffn_dim.
+    ModernBERT's is a GeGLU of that gated width I whatever our activation, so one baseline run
+    serves every activation of ours: an ungated FFN of ours (2 d f) gets f = 3/2 I."""
+    gated = max(32, round(2 * ffn_dim / 3 / 32) * 32)
+    if activation in model.GATED:
+        return gated
+    return ffn_dim if baseline == "bert" else 3 * gated // 2
 
 
 def ours_argv(args, seed, out):
@@ -169,7 +171,7 @@ def ours_argv(args, seed, out):
             "--vocab-size", str(args.vocab_size), "--model", "base",
             "--n-layers", str(args.n_layers), "--d-model", str(args.d_model),
             "--n-heads", str(args.n_heads),
-            "--ffn-dim", str(ours_ffn_dim(args.ffn_dim, activation)),
+            "--ffn-dim", str(ours_ffn_dim(args.ffn_dim, activation, args.baseline)),
             "--max-seq-len", str(args.max_seq_len),
             "--micro-batch", str(args.micro_batch), "--batch-tokens", str(args.batch_tokens),
             "--eval-batches", str(args.eval_batches), "--minutes", str(args.minutes),
@@ -186,9 +188,22 @@ def ours_argv(args, seed, out):
 
 def read_curve(log_path):
     """The held-out evaluations of a train.py log; a repeated token count (the final evaluation
-    right after the last periodic one) keeps the later point."""
+    right after the last periodic one) keeps the later point. Evaluations made while a growth stage
+    trained on shorter sequences are left out: train.py evaluates at the model's own length, and a
+    loss on 32-token sequences is another task than ModernBERT's on 128 (so a run that grows its
+    length is scored from its first evaluation at full length on)."""
     with open(log_path) as f:
-        evals = [r for r in map(json.loads, f) if r["kind"] == "eval"]
+        records = [json.loads(line) for line in f]
+    grows = [r for r in records if r["kind"] == "grow"]
+    length = lambda shape: int(re.search(r"max_seq_len=(\d+)", shape).group(1))  # noqa: E731
+    current = length(grows[0]["from"]) if grows else None
+    full = length(grows[-1]["to"]) if grows else None
+    evals = []
+    for r in records:
+        if r["kind"] == "grow":
+            current = length(r["to"])
+        elif r["kind"] == "eval" and current == full:
+            evals.append(r)
     curve = [{"elapsed": r["elapsed"], "tokens": r["tokens"], "val_loss": r["val_loss"]}
              for r in evals]
     return [p for i, p in enumerate(curve)

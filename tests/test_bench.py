@@ -301,10 +301,42 @@ def test_the_baseline_is_the_hf_lr_with_the_lowest_final_loss_and_diverged_runs_
 
 def test_our_gated_ffn_width_matches_the_weights_of_hf_bert_ffn(bench_cram):
     for intermediate in (256, 1024, 3072):
-        f = bench_cram.ours_ffn_dim(intermediate, "geglu")
+        f = bench_cram.ours_ffn_dim(intermediate, "geglu", "bert")
         # 3 d f weights vs HF's 2 d I
         assert f % 32 == 0 and abs(3 * f - 2 * intermediate) <= 3 * 16
     assert bench_cram.ours_ffn_dim(1024, "gelu") == 1024
+
+
+def test_a_curve_leaves_out_evaluations_on_shorter_sequences_than_the_final_models(bench_cram,
+                                                                                    tmp_path):
+    def ev(step, loss):
+        return {"kind": "eval", "step": step, "tokens": 100 * step, "elapsed": float(step),
+                "val_loss": loss}
+    shape = "n_layers={} d_model=8 n_heads=2 ffn_dim=8 max_seq_len={}"
+    log = [ev(0, 8.0), ev(10, 5.0),                                   # at length 32: left out
+           {"kind": "grow", "step": 10, "from": shape.format(1, 32), "to": shape.format(2, 64)},
+           ev(20, 4.5),                                              # 64: left out
+           {"kind": "grow", "step": 20, "from": shape.format(2, 64), "to": shape.format(2, 128)},
+           ev(30, 4.0), ev(40, 3.5), ev(40, 3.4)]
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in log))
+    curve = bench_cram.read_curve(str(path))
+    assert [(p["tokens"], p["val_loss"]) for p in curve] == [(3000, 4.0), (4000, 3.4)]
+    # a target reached before the first full-length evaluation counts there (a bound)
+    assert bench_cram.time_to_loss(curve, 4.6, "tokens") == 3000
+    depth_only = [r if r["kind"] != "grow" else {**r, "from": shape.format(1, 128),
+                                                  "to": shape.format(2, 128)} for r in log]
+    path.write_text("".join(json.dumps(r) + "\n" for r in depth_only))
+    assert len(bench_cram.read_curve(str(path))) == 5          # every evaluation counts
+
+
+def test_modernberts_ffn_width_stays_whatever_our_activation(bench_cram):
+    gated = bench_cram.ours_ffn_dim(512, "geglu", "modernbert")
+    ungated = bench_cram.ours_ffn_dim(512, "relu2", "modernbert")
+    assert (gated, ungated) == (352, 528)             # the same 3 d I = 2 d f weights
+    cfg = model.make_config("tiny", ffn_dim=352)
+    for ours in ({**cfg, "activation": "geglu"}, {**cfg, "ffn_dim": 528, "activation": "gelu"}):
+        assert bench_cram.hf_intermediate("modernbert", ours, 512) == 352
     cfg = model.make_config("base", n_layers=4, d_model=256, n_heads=4,
                             ffn_dim=bench_cram.ours_ffn_dim(1024, "geglu"), vocab_size=8192)
     assert 0.95 < model.count_params(cfg) / 5.36e6 < 1.0  # HF BERT of that shape: 5.36 M

@@ -74,7 +74,8 @@ def assert_same_lm(net, out, auto):
     {"norm_position": "post", "positions": "learned", "bias": True, "activation": "gelu",
      "tie_embeddings": False},                                        # BERT-shaped
     {"positions": "rotary", "embedding_norm": False},
-], ids=["cramming", "alibi-rms-swiglu", "bert-shaped", "rotary"])
+    {"positions": "rotary", "qk_norm": True, "activation": "relu2", "tie_embeddings": False},
+], ids=["cramming", "alibi-rms-swiglu", "bert-shaped", "rotary", "speedrun-options"])
 def test_masked_lm_logits_and_loss_equal_ours(tmp_path, overrides):
     net = seeded_model(tiny(vocab_size=90, **overrides))  # 90 real tokens of 128 embedded rows
     out = exported(tmp_path, net)

@@ -6,7 +6,7 @@ import conftest
 import grow
 import model
 import train
-from conftest import POSITIONS, read_log, seeded_model
+from conftest import CRAMMING_ADAMW, POSITIONS, read_log, seeded_model
 
 
 def tiny(**overrides):
@@ -138,7 +138,8 @@ def test_ffn_growth_preserves_logits(positions, objective):
 
 @pytest.mark.parametrize("norm,norm_position,activation,bias,tie", [
     ("layernorm", "post", "gelu", True, True), ("rmsnorm", "pre", "swiglu", False, False),
-    ("layernorm", "pre", "gelu", True, False), ("rmsnorm", "post", "geglu", True, True)])
+    ("layernorm", "pre", "gelu", True, False), ("rmsnorm", "post", "geglu", True, True),
+    ("layernorm", "pre", "relu2", False, True)])
 def test_ffn_growth_preserves_logits_for_every_block_option(norm, norm_position, activation, bias,
                                                             tie):
     cfg = tiny(norm=norm, norm_position=norm_position, activation=activation, bias=bias,
@@ -168,6 +169,14 @@ def test_hidden_growth_by_an_integer_factor_preserves_logits(positions, objectiv
     for d, heads in [(64, 8), (96, 12)]:                          # x2 and x3, head size 8 kept
         assert grow.preserves_function(cfg, {**cfg, "d_model": d, "n_heads": heads})
         assert logit_change(cfg, {"d_model": d, "n_heads": heads}) <= 1e-5
+
+
+def test_qk_norm_survives_every_kind_of_growth():
+    # QK-norm has no parameters and normalizes each head over its size, which growth keeps.
+    cfg = tiny(positions="rotary", qk_norm=True, activation="relu2")
+    growth = {"n_layers": 4, "d_model": 64, "n_heads": 8, "ffn_dim": 100, "max_seq_len": 32}
+    assert grow.preserves_function(cfg, {**cfg, **growth}, method="zero")
+    assert logit_change(cfg, growth, method="zero") <= 1e-5
 
 
 @pytest.mark.parametrize("positions,reason", [
@@ -408,7 +417,7 @@ def test_a_schedule_runs_end_to_end_through_train_py(sample_cache, tmp_path):
                           "--max-seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256",
                           "--eval-batches", "2", "--log-every", "1",
                           "--cache", sample_cache, "--out", str(out), "--max-steps", "30",
-                          "--lr", "3e-3", "--grow", schedule])
+                          "--lr", "3e-3", "--grow", schedule, *CRAMMING_ADAMW])
     records = read_log(out)
     events = [r for r in records if r["kind"] == "grow"]
     assert [(e["from"], e["to"]) for e in events] == [
@@ -433,7 +442,8 @@ def test_train_py_rewarms_the_learning_rate_after_growth(sample_cache, tmp_path)
     train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32",
                 "--micro-batch", "4", "--batch-tokens", "128", "--eval-batches", "1",
                 "--log-every", "1", "--cache", sample_cache, "--out", str(out), "--max-steps", "20",
-                "--grow", "0:layers=1; 0.5:layers=2", "--grow-rewarm", "0.2", "--lr", "1e-3"])
+                "--grow", "0:layers=1; 0.5:layers=2", "--grow-rewarm", "0.2", "--lr", "1e-3",
+                *CRAMMING_ADAMW])
     steps = {r["step"]: r for r in read_log(out) if r["kind"] == "train"}
     # Growth happens before step 11 (p = 0.5); the rate then climbs back linearly over 0.2 of the
     # budget, which is 4 steps.

@@ -39,6 +39,57 @@ def test_every_option_combination_trains(positions, norm, norm_position, activat
         assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reaches {name}"
 
 
+@pytest.mark.parametrize("option", [{"activation": "relu2"}, {"qk_norm": True},
+                                    {"zero_init": True}, {"tie_embeddings": False}])
+def test_each_speedrun_option_trains_every_parameter(option):
+    net = seeded_model(tiny(positions="rotary", **option)).train()
+    x = tokens(T=8)
+    out = net(x, labels=x)
+    assert torch.isfinite(out["loss"]) and 3.0 < out["loss"].item() < 6.0
+    out["loss"].backward()
+    # zero_init: the first step's gradient reaches the zeroed output projections themselves,
+    # though not yet what feeds them (their output is zero whatever the input)
+    feeds_zeroed = ("qkv.", "up.", "norm1.", "norm2.")
+    for name, p in net.named_parameters():
+        if option.get("zero_init") and name.startswith("blocks.") and any(
+                k in name for k in feeds_zeroed):
+            continue
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+
+
+def test_relu2_is_an_ungated_squared_relu():
+    cfg = tiny(activation="relu2")
+    block = seeded_model(cfg).blocks[0]
+    assert block.up.weight.shape == (cfg["ffn_dim"], cfg["d_model"])      # one half: not gated
+    x = torch.randn(2, 5, cfg["d_model"])
+    expected = block.down(torch.relu(block.up(x)) ** 2)
+    assert torch.allclose(block.feed_forward(x), expected, atol=1e-6)
+
+
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
+    def output_after_scaling_qk(qk_norm, factor):
+        cfg = tiny(positions="rotary", qk_norm=qk_norm)
+        block = seeded_model(cfg).blocks[0]
+        with torch.no_grad():
+            block.qkv.weight[: 2 * cfg["d_model"]] *= factor     # the q and k rows of [q; k; v]
+        x = torch.randn(2, 6, cfg["d_model"], generator=torch.Generator().manual_seed(0))
+        return block.attend(x, None, model.rotary_cos_sin(torch.arange(6), 8), False)
+    with torch.no_grad():
+        assert torch.allclose(output_after_scaling_qk(True, 1.0),
+                              output_after_scaling_qk(True, 30.0), atol=1e-5)
+        assert not torch.allclose(output_after_scaling_qk(False, 1.0),
+                                  output_after_scaling_qk(False, 30.0), atol=1e-3)
+
+
+def test_zero_init_starts_every_block_as_the_identity():
+    net = seeded_model(tiny(positions="rotary", zero_init=True))
+    for block in net.blocks:
+        assert block.out.weight.abs().sum() == 0 and block.down.weight.abs().sum() == 0
+        assert block.qkv.weight.std() > 0.01 and block.up.weight.std() > 0.01
+        x = torch.randn(2, 5, 32)
+        assert torch.equal(block(x, None, model.rotary_cos_sin(torch.arange(5), 8), False), x)
+
+
 def test_vocab_is_padded_to_a_multiple_of_64():
     assert model.padded_vocab_size(tiny(vocab_size=30522)) == 30528
     assert model.padded_vocab_size(tiny(vocab_size=32768)) == 32768

@@ -11,8 +11,10 @@ import json
 import torch
 
 import conftest
+import flags
 import grow
 import muon
+import planning
 import train
 from conftest import seeded_model
 from test_grow import train_steps  # a few steps on one fixed batch; returns the losses
@@ -68,6 +70,19 @@ def test_muons_update_has_adamws_rms_so_one_learning_rate_serves_both():
     assert 0.12 < rms < 0.28  # Liu et al. 2025 match AdamW's typical update RMS of 0.2-0.4 x lr
 
 
+def test_update_rms_scales_muons_step_and_leaves_adamws_alone():
+    def steps(update_rms):
+        torch.manual_seed(0)
+        w, b = torch.zeros(64, 256, requires_grad=True), torch.zeros(64, requires_grad=True)
+        optimizer = muon.MuonAdamW([{"params": [w], "use_muon": True}, {"params": [b]}], lr=1e-2,
+                                   update_rms=update_rms)
+        w.grad, b.grad = torch.randn(64, 256), torch.randn(64)
+        optimizer.step()
+        return w.detach(), b.detach()
+    (w1, b1), (w2, b2) = steps(0.2), steps(0.5)
+    assert torch.allclose(w2, 2.5 * w1, rtol=1e-5) and torch.equal(b1, b2)
+
+
 def test_the_blocks_matrices_go_to_muon_and_everything_else_to_adamw():
     net = seeded_model(conftest.tiny(positions="learned"))
     groups = muon.param_groups(net, weight_decay=0.01)
@@ -115,17 +130,31 @@ def test_growth_carries_muons_momentum_and_preserves_the_function():
 
 def settings(**overrides):
     return argparse.Namespace(**{"optimizer": "muon", "shard": "none", "lr": 1e-3,
-                                 "momentum": 0.95, "betas": [0.9, 0.98], "eps": 1e-12,
-                                 "weight_decay": 0.01, **overrides})
+                                 "momentum": 0.95, "muon_rms": 0.2, "betas": [0.9, 0.98],
+                                 "eps": 1e-12, "weight_decay": 0.01, **overrides})
 
 
-def test_train_py_builds_muon_and_falls_back_to_adamw_under_fsdp():
+def test_train_py_builds_the_optimizer_it_is_asked_for():
     net, cpu = seeded_model(conftest.tiny()), torch.device("cpu")
     hw = train.Hardware(cpu, rank=0, world=1, dtype=torch.float32)
     assert isinstance(train.make_optimizer(net, settings(), hw), muon.MuonAdamW)
-    assert isinstance(train.make_optimizer(net, settings(shard="fsdp"), hw), torch.optim.AdamW)
     assert isinstance(train.make_optimizer(net, settings(optimizer="adamw"), hw),
                       torch.optim.AdamW)
+
+
+def chosen(*argv):
+    args = flags.parse_args(["--max-steps", "1", "--model", "mini", *argv])
+    return planning.choose_defaults(args, 1e10, 1, False)[0]
+
+
+def test_muon_gets_four_times_adamws_learning_rate_and_becomes_adamw_under_fsdp():
+    adamw_lr = 1e-3 * 768 / 256                                   # the 1/width rule at mini
+    assert chosen("--optimizer", "adamw")["lr"] == adamw_lr
+    assert chosen("--optimizer", "muon")["lr"] == 4 * adamw_lr
+    assert "optimizer" not in chosen("--optimizer", "muon")
+    under_fsdp = chosen("--optimizer", "muon", "--shard", "fsdp")
+    assert under_fsdp["optimizer"] == "adamw" and under_fsdp["lr"] == adamw_lr
+    assert "lr" not in chosen("--optimizer", "muon", "--lr", "3e-3")          # a given lr wins
 
 
 def test_a_muon_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_path):

@@ -21,7 +21,7 @@ import model
 import parallel
 import planning
 import train
-from conftest import ROOT, read_log
+from conftest import CRAMMING_ADAMW, ROOT, read_log
 
 TINY = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32",
         "--micro-batch", "4", "--batch-tokens", "256", "--lr", "1e-3", "--eval-batches", "2",
@@ -92,13 +92,13 @@ def chosen(argv, flops_per_s, on_gpu):
 def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
     picks = chosen(["--minutes", "2"], flops_per_s=2e10, on_gpu=False)
     assert picks == {"model": "tiny", "vocab_size": 512, "max_seq_len": 64, "batch_tokens": 2048,
-                     "micro_batch": 32, "lr": 0.012}
+                     "micro_batch": 32, "lr": 0.048}        # Muon: 4 x AdamW's 0.012
 
 
 def test_a_gpu_day_gets_crammings_base_model_and_batch():
     picks = chosen(["--hours", "24"], flops_per_s=0.4 * 989e12, on_gpu=True)
     assert picks == {"model": "base", "vocab_size": 32768, "max_seq_len": 128,
-                     "batch_tokens": 8192 * 128, "micro_batch": 128, "lr": 1e-3}
+                     "batch_tokens": 8192 * 128, "micro_batch": 128, "lr": 4e-3}  # Muon's
 
 
 def test_the_chosen_model_grows_with_the_budget():
@@ -115,7 +115,7 @@ def test_a_token_budget_sizes_the_batch_for_about_1000_steps():
 def test_flags_given_always_win_over_the_chosen_defaults():
     argv = ["--minutes", "2", "--model", "mini", "--batch-tokens", "4096", "--max-seq-len", "32"]
     picks = chosen(argv, flops_per_s=2e10, on_gpu=False)
-    assert picks == {"vocab_size": 8192, "micro_batch": 32, "lr": 0.003}
+    assert picks == {"vocab_size": 8192, "micro_batch": 32, "lr": 0.012}  # Muon: 4 x 0.003
 
 
 def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(sample_cache, tmp_path,
@@ -139,7 +139,7 @@ def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
 # --- end to end -------------------------------------------------------------------------
 
 def test_end_to_end_run_learns_and_writes_every_output(sample_cache, tmp_path):
-    summary = run(sample_cache, tmp_path, "--max-steps", "60", "--lr", "3e-3")
+    summary = run(sample_cache, tmp_path, "--max-steps", "60", "--lr", "3e-3", *CRAMMING_ADAMW)
     evals = [r["val_loss"] for r in read_log(tmp_path) if r["kind"] == "eval"]
     # The first record evaluates the untrained model, off the clock.
     assert read_log(tmp_path)[0] == {"kind": "eval", "step": 0, "tokens": 0, "flops": 0.0,
@@ -190,7 +190,8 @@ def test_bf16_autocast_and_torch_compile_train_like_fp32(sample_cache, tmp_path)
 
 
 def test_log_records_lr_and_batch_ramp(sample_cache, tmp_path):
-    run(sample_cache, tmp_path, "--max-steps", "20", "--batch-ramp", "0.5")
+    run(sample_cache, tmp_path, "--max-steps", "20", "--batch-ramp", "0.5", "--schedule",
+        "triangle")
     steps = [r for r in read_log(tmp_path) if r["kind"] == "train"]
     assert [r["step"] for r in steps] == list(range(1, 21))
     assert steps[0]["batch_tokens"] == 128 and steps[-1]["batch_tokens"] == 256
@@ -576,6 +577,14 @@ def test_grow_auto_with_a_flat_threshold_waits_for_the_deadlines(sample_cache, t
 def test_embedding_norm_can_be_switched_off(sample_cache, tmp_path):
     run(sample_cache, tmp_path, "--max-steps", "1", "--embedding-norm", "off")
     assert json.loads((tmp_path / "final" / "config.json").read_text())["embedding_norm"] is False
+
+
+def test_the_speedrun_architecture_options_reach_the_saved_config(sample_cache, tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "1", "--tie-embeddings", "off", "--qk-norm", "on",
+        "--zero-init", "on", "--activation", "relu2")
+    cfg = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert (cfg["tie_embeddings"], cfg["qk_norm"], cfg["zero_init"], cfg["activation"]) == (
+        False, True, True, "relu2")
 
 
 # --- starting a new run from old weights (--init-from) ---------------------------------------

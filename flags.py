@@ -23,6 +23,9 @@ import model
 import planning
 
 BUDGET_KEYS = ("hours", "minutes", "max_steps", "max_tokens")
+# Flags added after the default they replaced: a run whose args.json predates one ran with this
+# value, and resumes with it (Muon became the default with the flag's second version).
+BEFORE_THE_FLAG = {"optimizer": "adamw"}
 
 
 def parse_args(argv=None):
@@ -362,8 +365,8 @@ def resume_settings(args):
                              "--max-steps, ...)")
         return args, None
     given = {k: getattr(args, k) for k in BUDGET_KEYS} if budget_given(args) else None
-    with open(saved) as f:  # flags a newer train.py added keep their defaults
-        settings = json.load(f)
+    with open(saved) as f:  # other flags a newer train.py added keep their defaults
+        settings = {**BEFORE_THE_FLAG, **json.load(f)}
     resumed = argparse.Namespace(**{**vars(args), **settings, "resume": True, "out": args.out})
     if given and given != {k: getattr(resumed, k) for k in BUDGET_KEYS}:
         return argparse.Namespace(**{**vars(resumed), **given}), budget_text(resumed)

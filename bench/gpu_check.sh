@@ -10,9 +10,10 @@
 # 2b. both models compiled, ours against ModernBERT (like with like: the same dtype, both compiled);
 # 3. bench_data.py on the GPU: the loader next to a training step, with pinned memory and prefetching
 #    (needs `tokenizers` for its tokenizer comparison);
-# 4. a 2-minute train.py run of the base model on the bundled sample with --compile (bf16, fused AdamW): the MFU of
-#    the whole loop (loader, logging, clipping) next to the benchmark's;
-# 4b. the same run with --optimizer muon (Muon on the blocks' matrices, Newton-Schulz in bf16);
+# 4. a 2-minute train.py run of the base model on the bundled sample with --compile (bf16, the default optimizer:
+#    Muon on the blocks' matrices with Newton-Schulz in bf16, AdamW on the rest): the MFU of the whole loop
+#    (loader, logging, clipping) next to the benchmark's;
+# 4b. the same run with cramming's fused AdamW and triangle (--optimizer adamw --schedule triangle);
 # 5. evaluate_glue.py fine-tuning that model on the GPU (bf16, padded batches) on a toy task of our own: which of
 #    two plays a line comes from (--task-file).
 # Each step runs even when an earlier one failed; the script exits non-zero if any did. Results land in RESULTS_DIR
@@ -57,10 +58,10 @@ rm -rf /tmp/gpu_check_run
 step train "$py" train.py --data sample "${run[@]}" --compile --cache /tmp/gpu_check_cache --out /tmp/gpu_check_run
 cp /tmp/gpu_check_run/summary.json "$out/train_summary.json" 2>/dev/null
 grep -h '"kind": "train"' /tmp/gpu_check_run/log.jsonl 2>/dev/null | tail -3 > "$out/train_last_steps.jsonl"
-rm -rf /tmp/gpu_check_muon  # 4b. the same run with Muon (muon.py): it runs on CUDA in bf16
-step train_muon "$py" train.py --data sample "${run[@]}" --compile --optimizer muon \
-    --cache /tmp/gpu_check_cache --out /tmp/gpu_check_muon
-cp /tmp/gpu_check_muon/summary.json "$out/train_muon_summary.json" 2>/dev/null
+rm -rf /tmp/gpu_check_adamw  # 4b. the same run with cramming's fused AdamW, for the comparison
+step train_adamw "$py" train.py --data sample "${run[@]}" --compile --optimizer adamw \
+    --schedule triangle --cache /tmp/gpu_check_cache --out /tmp/gpu_check_adamw
+cp /tmp/gpu_check_adamw/summary.json "$out/train_adamw_summary.json" 2>/dev/null
 "$py" - "$lines" <<'EOF_TASK'  # the toy task: one line of verse per row, labelled with its play
 import gzip, json, sys
 n = int(sys.argv[1])

@@ -506,6 +506,17 @@ def test_resume_with_a_larger_budget_extends_a_finished_run(sample_cache, tmp_pa
     assert [r["step"] for r in read_log(tmp_path) if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_run_saved_before_the_optimizer_flag_resumes_with_adamw_as_it_ran(sample_cache,
+                                                                            tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "2", *CRAMMING_ADAMW)
+    saved = json.loads((tmp_path / "args.json").read_text())
+    del saved["optimizer"]                                 # as train.py wrote it before the flag
+    (tmp_path / "args.json").write_text(json.dumps(saved))
+    summary = run(sample_cache, tmp_path, "--resume", "--max-steps", "3")
+    assert summary["steps"] == 3
+    assert json.loads((tmp_path / "args.json").read_text())["optimizer"] == "adamw"
+
+
 def test_resuming_a_finished_run_without_a_larger_budget_says_so(sample_cache, tmp_path):
     run(sample_cache, tmp_path, "--max-steps", "3")
     message = r"checkpoint.pt has spent its budget \(0 steps left\); give a larger one"

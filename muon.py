@@ -85,7 +85,7 @@ class MuonAdamW(torch.optim.Optimizer):
                         adamw_update(p, p.grad, self.state[p], group)
 
 
-def muon_update(p, grad, state, group, ns_dtype, update_rms=0.2):
+def muon_update(p, grad, state, group, ns_dtype, update_rms):
     """One Muon step on the matrix p: Nesterov momentum, orthogonalized, decoupled weight decay."""
     lr, mu = group["lr"], group["momentum"]
     if "momentum_buffer" not in state:

@@ -195,7 +195,9 @@ def read_curve(log_path):
     with open(log_path) as f:
         records = [json.loads(line) for line in f]
     grows = [r for r in records if r["kind"] == "grow"]
-    length = lambda shape: int(re.search(r"max_seq_len=(\d+)", shape).group(1))  # noqa: E731
+
+    def length(shape):  # a grow record's "n_layers=4 ... max_seq_len=128" -> 128
+        return int(re.search(r"max_seq_len=(\d+)", shape).group(1))
     current = length(grows[0]["from"]) if grows else None
     full = length(grows[-1]["to"]) if grows else None
     evals = []

@@ -29,12 +29,9 @@ torch.set_num_threads(2)
 import data  # noqa: E402  (importable only after the path insert above)
 import model  # noqa: E402
 import tokenizer  # noqa: E402
+from same_losses import CRAMMING_ADAMW  # noqa: E402, F401  (tests pin train.py's old recipe)
 
 POSITIONS = ["learned", "sinusoidal", "rotary", "alibi", "none"]
-# train.py's recipe before Muon and warmup-stable-decay became the defaults. Tests of mechanics
-# that need a loss to fall within a few dozen steps of 128-256 tokens pin it: at such tiny batches
-# Muon's fixed-size steps learn slower than AdamW's (docs/records.md).
-CRAMMING_ADAMW = ["--optimizer", "adamw", "--schedule", "triangle"]
 SENTENCE = "the cat sat on the mat."
 
 

@@ -443,6 +443,31 @@ def predict(net, seqs, pad_id, batch_size, device, classes):
     return out[:, 0] if classes is None else out.argmax(-1)
 
 
+def param_groups(net, lr, scaling):
+    """AdamW's parameter groups for fine-tuning. scaling "none": one lr for every tensor.
+    "relative": each matrix's lr times its RMS over the init std (at least 1), so every matrix moves
+    by the same fraction of itself per step as a freshly initialized one.
+
+    Why: Adam's step is about lr per entry whatever the weight's size, and pretraining at a high lr
+    grows the matrices far past their init (a 10-minute tiny model's reach an RMS of 0.2-0.5, and
+    its embedding 1.2, against an init std of 0.02). Behind a norm only a matrix's direction
+    matters, so a step of lr turns a 20x larger matrix 20x less (van Laarhoven 2017, "L2
+    regularization versus batch and weight normalization"); the random-init control, all at init
+    scale, would fine-tune 20x faster than the pretrained model at the same lr. The per-tensor
+    ratio is LARS's trust ratio (You et al. 2017). Fresh matrices (the head, a random-init
+    control) are at init scale, so their factor is 1; norms and biases keep lr."""
+    if scaling == "none":
+        return [{"params": list(net.parameters()), "lr": lr}]
+    init_std = net.config["init_std"]
+    groups = []
+    for p in net.parameters():
+        factor = 1.0
+        if p.dim() >= 2:
+            factor = max(1.0, p.detach().float().pow(2).mean().sqrt().item() / init_std)
+        groups.append({"params": [p], "lr": lr * factor})
+    return groups
+
+
 def finetune(trunk, spec, encoded, labels, settings, seed, desc=""):
     """Copy the pretrained trunk, attach a fresh head, train for settings["epochs"] epochs and
     return the trained model. encoded: the token lists of the train split; labels: its (N,) class
@@ -450,13 +475,15 @@ def finetune(trunk, spec, encoded, labels, settings, seed, desc=""):
     device, progress = settings["device"], settings["progress"]
     torch.manual_seed(seed)  # the head init and dropout masks
     net = copy.deepcopy(trunk)
-    model.add_classifier(net, 1 if spec["classes"] is None else len(spec["classes"]))
+    model.add_classifier(net, 1 if spec["classes"] is None else len(spec["classes"]),
+                         pooling=settings["pooling"])
     model.set_dropout(net, settings["dropout"])  # dropout: off in pretraining, on for fine-tuning
     net.to(device).train()
     bs, n = settings["batch_size"], len(encoded)
     total = settings["epochs"] * math.ceil(n / bs)
     warmup = int(round(settings["warmup"] * total))
-    opt = torch.optim.AdamW(net.parameters(), lr=settings["lr"], betas=(0.9, 0.98), eps=1e-6,
+    groups = param_groups(net, settings["lr"], settings["lr_scaling"])
+    opt = torch.optim.AdamW(groups, lr=settings["lr"], betas=(0.9, 0.98), eps=1e-6,
                             weight_decay=settings["weight_decay"], fused=device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total))
     rng = np.random.default_rng(seed)
@@ -643,6 +670,9 @@ DEFAULTS = {
     "dropout": 0.1,              # on while fine-tuning (off in pretraining), as BERT's 0.1
     "weight_decay": 0.0,         # none, as cramming's protocol sets it
     "max_len": 128,              # tokens per input with [CLS]/[SEP] (cramming's max_seq_length)
+    "pooling": "cls",            # the head reads [CLS] ("cls", BERT) or all positions ("mean")
+    "lr_scaling": "none",        # "relative": each matrix's lr times its RMS over the init std
+    "control": None,             # "random-init": the same protocol on a fresh copy of the network
     "eval_batch_size": 128,      # no gradients at evaluation, so bigger batches fit
     "max_train_examples": None,  # a fixed random subset of each training set (quick runs)
     "include_wnli": False,       # count WNLI in the score (cramming does not: adversarial dev set)
@@ -654,6 +684,35 @@ DEFAULTS = {
     "progress": True,            # progress bars
     "save_model": None,          # folder: each task's seed-0 fine-tuned model in save_model/TASK/
 }
+
+
+def fine_tuning_length(max_len, cfg):
+    """The tokens per fine-tuning input: max_len, or the pretraining length (cfg["max_seq_len"])
+    when max_len is None. Learned and sinusoidal tables end there, so they are capped to it; rotary,
+    ALiBi and none run past it, on positions pretraining never trained, and a note says so."""
+    trained = cfg["max_seq_len"]
+    if max_len is None or max_len == trained:
+        return trained
+    if max_len > trained and cfg["positions"] in ("learned", "sinusoidal"):
+        print(f"max length {max_len} > the model's {trained} positions: using {trained}")
+        return trained
+    if max_len > trained:
+        print(f"max length {max_len} > the {trained} tokens the model was pretrained on: its "
+              f"{cfg['positions']} positions past {trained} were never trained")
+    return max_len
+
+
+CONTROL_SEED = 0  # the random-init control's initialization
+
+
+def random_init_copy(trunk, seed):
+    """The trunk's network (same config, same device) freshly initialized with `seed`: the control
+    that shows what pretraining bought. The global RNG is restored, so the pretrained arm's
+    fine-tuning is the same with or without a control."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fresh = model.build_model(dict(trunk.config))
+    return fresh.to(trunk.tok_emb.weight.device)
 
 
 def evaluate(checkpoint, tasks=None, settings=None):
@@ -681,24 +740,25 @@ def evaluate(checkpoint, tasks=None, settings=None):
     if enc.n_vocab > model.padded_vocab_size(cfg):
         raise ValueError(f"{tok_path}: {enc.n_vocab} tokens but the model embeds only "
                          f"{cfg['vocab_size']}")
-    # learned and sinusoidal tables end at max_seq_len; rotary, ALiBi and none extrapolate
-    if cfg["positions"] in ("learned", "sinusoidal") and max_len > cfg["max_seq_len"]:
-        print(f"max length {max_len} > the model's {cfg['max_seq_len']} positions: "
-              f"using {cfg['max_seq_len']}")
-        max_len = cfg["max_seq_len"]
+    max_len = fine_tuning_length(max_len, cfg)
     clean, clean_source = text_cleaning(checkpoint, given["clean"])
     # the protocol as run (and recorded in results.json), in this order
-    protocol = {k: given[k] for k in ("epochs", "lr", "batch_size", "warmup", "dropout",
-                                      "weight_decay")}
-    protocol.update(max_len=max_len, seeds=given["seeds"], eval_batch_size=given["eval_batch_size"],
-                    max_train_examples=given["max_train_examples"], clean=clean)
+    protocol = {k: given[k] for k in ("epochs", "lr", "lr_scaling", "batch_size", "warmup",
+                                      "dropout", "weight_decay")}
+    protocol.update(max_len=max_len, pooling=given["pooling"], seeds=given["seeds"],
+                    eval_batch_size=given["eval_batch_size"],
+                    max_train_examples=given["max_train_examples"], clean=clean,
+                    control=given["control"])
     # what run_task and finetune need besides the protocol; not recorded
     settings = {**protocol, "pad_id": ids["pad"], "predict_test": bool(out), "device": device,
                 "progress": given["progress"], "save_model": given["save_model"]}
-    print(f"protocol: AdamW lr {protocol['lr']:g} (betas 0.9/0.98, eps 1e-6, "
+    print(f"protocol: AdamW lr {protocol['lr']:g}"
+          + (" times each matrix's RMS / init std" if given["lr_scaling"] == "relative" else "")
+          + " (betas 0.9/0.98, eps 1e-6, "
           f"wd {protocol['weight_decay']:g}), batch {protocol['batch_size']}, "
           f"{protocol['epochs']} epochs, cosine with {protocol['warmup']:.0%} warmup, "
-          f"dropout {protocol['dropout']:g}, max length {max_len}, last-epoch dev score, "
+          f"dropout {protocol['dropout']:g}, max length {max_len}, {given['pooling']} pooling, "
+          "last-epoch dev score, "
           f"median of {protocol['seeds']} seed(s), device {device}; "
           f"text cleaning {clean} ({clean_source})")
 
@@ -707,16 +767,26 @@ def evaluate(checkpoint, tasks=None, settings=None):
 
     results = {"checkpoint": checkpoint, "glue_dir": glue_dir, "units": "percent",
                "settings": protocol, "tasks": {}, "submission_files": []}
+    # The control answers "what did pretraining buy?": the same network, tokenizer and protocol
+    # from a fresh initialization, fine-tuned beside the pretrained one on every task.
+    control = None
+    if given["control"] == "random-init":
+        control = random_init_copy(trunk, seed=CONTROL_SEED)
+        results["control"] = {"kind": "random-init", "init_seed": CONTROL_SEED, "tasks": {}}
     missing = {}  # submission name -> why it was not written
     jobs = [(name, TASKS[name], lambda name=name: load_task(name, glue_dir)) for name in tasks]
     if task_file:
-        name, spec, task_data = load_task_file(task_file, given["task_dev_file"],
-                                               given["task_type"])
-        jobs.append((name, spec, lambda: task_data))
+        name, spec, own_data = load_task_file(task_file, given["task_dev_file"],
+                                              given["task_type"])
+        jobs.append((name, spec, lambda: own_data))
     for name, spec, load in jobs:
         task_data = load()  # one task at a time in memory: QQP and MNLI are large
         results["tasks"][name], test_preds = run_task(name, spec, task_data, trunk, enc,
                                                       clean_text, settings)
+        if control is not None:  # no submission files or saved models for the control
+            results["control"]["tasks"][name], _ = run_task(
+                f"{name} (random init)", spec, task_data, control, enc, clean_text,
+                {**settings, "predict_test": False, "save_model": None})
         missing.update({sub: why for sub, why in task_data["missing_test"]})
         for sub, preds in test_preds.items():  # empty unless out is set
             os.makedirs(os.path.join(out, "submission"), exist_ok=True)
@@ -729,11 +799,16 @@ def evaluate(checkpoint, tasks=None, settings=None):
 def report(results, missing, out, include_wnli):
     """Add the GLUE score and the missing submission files to results, print the table and write
     out/results.json and out/results.md when out is set. Returns results."""
-    scored = [t for t in TASKS if t in results["tasks"] and (t != "WNLI" or include_wnli)]
-    numbers = {sub: results["tasks"][t]["metrics"][key]
-               for t in scored for sub, key in TASKS[t]["score"].items()}
+    numbers = score_numbers(results["tasks"], include_wnli)
     score, convention = glue_score(numbers, include_wnli)
     results.update(glue_score=score, glue_convention=convention, glue_numbers=numbers)
+    if "control" in results:  # the control's score, and what pretraining bought over it
+        control = results["control"]
+        control["glue_numbers"] = score_numbers(control["tasks"], include_wnli)
+        control["glue_score"] = glue_score(control["glue_numbers"], include_wnli)[0]
+        results["pretraining_gain"] = {
+            "glue_score": None if score is None else score - control["glue_score"],
+            **{k: v - control["glue_numbers"][k] for k, v in numbers.items()}}
     # a --task-file run alone makes no leaderboard files
     ran_glue = any(t in TASKS for t in results["tasks"])
     results["missing_submissions"] = {} if not (out and ran_glue) else {
@@ -752,23 +827,44 @@ def report(results, missing, out, include_wnli):
     return results
 
 
+def score_numbers(task_results, include_wnli):
+    """{submission name: the number the GLUE score averages} for the tasks in task_results."""
+    scored = [t for t in TASKS if t in task_results and (t != "WNLI" or include_wnli)]
+    return {sub: task_results[t]["metrics"][key]
+            for t in scored for sub, key in TASKS[t]["score"].items()}
+
+
 def markdown_table(results):
-    """One row per reported number: median over seeds, then each seed's value."""
+    """One row per reported number: median over seeds, then each seed's value; with a control,
+    its median and the gain from pretraining beside them."""
     s = results["settings"]
+    control = results.get("control")
+    scaled = " scaled per matrix (relative)" if s["lr_scaling"] == "relative" else ""
     lines = [f"# GLUE dev results for `{results['checkpoint']}`", "",
-             f"lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']} epochs, cosine with "
-             f"{s['warmup']:.0%} warmup, dropout {s['dropout']:g}, max length {s['max_len']}; "
-             f"median of {s['seeds']} seed(s); percent.", "",
-             "| task | metric | median | per seed |", "|---|---|---:|---|"]
+             f"lr {s['lr']:g}{scaled}, batch {s['batch_size']}, {s['epochs']} epochs, cosine with "
+             f"{s['warmup']:.0%} warmup, dropout {s['dropout']:g}, max length {s['max_len']}, "
+             f"{s['pooling']} pooling; median of {s['seeds']} seed(s); percent."
+             + (" Control: the same network from a random initialization (seed "
+                f"{control['init_seed']}), fine-tuned the same way." if control else ""), "",
+             "| task | metric | median | per seed |" + (" random init | gain |" if control else ""),
+             "|---|---|---:|---|" + ("---:|---:|" if control else "")]
     for name, r in results["tasks"].items():
         score_keys = TASKS[name]["score"].items() if name in TASKS else ()
         in_score = {key for sub, key in score_keys if sub in results["glue_numbers"]}
         for k, v in r["metrics"].items():
             mark = "" if k in in_score else " (not in score)"
             seeds = ", ".join(f"{p[k]:.2f}" for p in r["per_seed"])
-            lines.append(f"| {name} | {k}{mark} | {v:.2f} | {seeds} |")
+            row = f"| {name} | {k}{mark} | {v:.2f} | {seeds} |"
+            if control:
+                c = control["tasks"][name]["metrics"][k]
+                row += f" {c:.2f} | {v - c:+.2f} |"
+            lines.append(row)
     score = "n/a" if results["glue_score"] is None else f"{results['glue_score']:.2f}"
-    return "\n".join(lines) + f"\n\nGLUE score ({results['glue_convention']}): {score}\n"
+    text = "\n".join(lines) + f"\n\nGLUE score ({results['glue_convention']}): {score}\n"
+    if control and control["glue_score"] is not None:
+        text += (f"random init: {control['glue_score']:.2f}; pretraining gain: "
+                 f"{results['pretraining_gain']['glue_score']:+.2f} points\n")
+    return text
 
 
 # -----------------------------------------------------------------------------
@@ -783,7 +879,8 @@ def check_args(parser, args):
              ("warmup", 0 <= args.warmup < 1, "in [0, 1)"),
              ("dropout", 0 <= args.dropout < 1, "in [0, 1)"),
              ("weight_decay", args.weight_decay >= 0, ">= 0"),
-             ("max_len", args.max_len >= 8, ">= 8 (room for [CLS], [SEP] and the text)"),
+             ("max_len", args.max_len == 0 or args.max_len >= 8,
+              ">= 8 (room for [CLS], [SEP] and the text) or 0 (the pretraining length)"),
              ("max_train_examples", args.max_train_examples == -1 or args.max_train_examples >= 1,
               ">= 1 or -1 (all)"),
              ("retries", args.retries >= 1, ">= 1")]
@@ -820,6 +917,9 @@ def make_parser():
                    help="fine-tuning runs per task; the median is reported")
     p.add_argument("--epochs", type=int, default=5, help="passes over each training set")
     p.add_argument("--lr", type=float, default=4e-5, help="peak AdamW learning rate")
+    p.add_argument("--lr-scaling", default="none", choices=("none", "relative"),
+                   help="relative: each weight matrix's lr times its RMS over the init std (>= 1), "
+                        "so pretrained matrices that grew move as fast, relatively, as fresh ones")
     p.add_argument("--batch-size", type=int, default=16, help="training batch size in sequences")
     p.add_argument("--warmup", type=float, default=0.1,
                    help="linear warmup as a fraction of all steps, then cosine")
@@ -827,7 +927,14 @@ def make_parser():
                    help="dropout probability during fine-tuning")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--max-len", type=int, default=128,
-                   help="max tokens per input including [CLS]/[SEP]")
+                   help="max tokens per input including [CLS]/[SEP]; 0: the length the "
+                        "checkpoint was pretrained at")
+    p.add_argument("--pooling", default="cls", choices=model.CHOICES["pooling"],
+                   help="what the classification head reads: the [CLS] position (cls, BERT) or "
+                        "the mean over all real tokens (mean, ModernBERT's option)")
+    p.add_argument("--control", default=None, choices=("random-init",),
+                   help="also fine-tune a freshly initialized copy of the network with the same "
+                        "protocol and report it beside the pretrained scores")
     p.add_argument("--lowercase", action="store_true", default=None,
                    help="lowercase GLUE text (default: as the checkpoint's meta.json records, "
                         "else no); set it if the pretraining corpus was lowercased")
@@ -881,6 +988,7 @@ def main(argv=None):
         settings = {k: getattr(args, k) for k in DEFAULTS if hasattr(args, k)}
         settings.update(max_train_examples=args.max_train_examples
                         if args.max_train_examples > 0 else None,
+                        max_len=args.max_len or None,
                         clean=clean, progress=not args.no_progress)
         return evaluate(args.checkpoint, tasks, settings)
     except ValueError as e:

@@ -74,6 +74,7 @@ DEFAULTS = {
     "dropout": 0.0,             # off in pretraining (cramming); evaluate_glue.py fine-tunes at 0.1
     "mask_rate": 0.25,          # share of tokens MLM predicts (cramming: 25%); in FLOP accounting
     "num_labels": 0,            # > 0 adds a sequence classification head (1 = regression)
+    "pooling": "cls",           # the head reads: "cls", the first position; "mean", all positions
     "init_std": 0.02,           # std of every Linear and Embedding weight's normal init (BERT's)
     "norm_eps": 1e-12,          # epsilon inside every norm (BERT's and cramming's value)
 }
@@ -95,6 +96,7 @@ CHOICES = {
     "norm": ("layernorm", "rmsnorm"),
     "norm_position": ("pre", "post"),
     "activation": ("gelu", "relu2", "geglu", "swiglu"),
+    "pooling": ("cls", "mean"),
 }
 POSITIVE_INTS = ("vocab_size", "n_layers", "d_model", "n_heads", "ffn_dim", "max_seq_len")
 VOCAB_MULTIPLE = 64
@@ -489,7 +491,7 @@ class Transformer(nn.Module):
         return self.finish(self.trunk(input_ids, attention_mask, position_ids))
 
     # -------------------------------------------------------------------------------
-    # Heads: the language-model head (sparse for MLM) and the [CLS] classification head.
+    # Heads: the language-model head (sparse for MLM) and the classification head.
     # cramming drops BERT's dense + GELU + LayerNorm transform before the output projection: the
     # final norm's output goes straight into the tied projection, with no decoder bias.
 
@@ -533,15 +535,23 @@ class Transformer(nn.Module):
         return {"loss": loss, "logits": logits}
 
     def classify(self, input_ids, attention_mask=None, labels=None):
-        """Sequence classification on the [CLS] position (BERT, Devlin et al. 2019, Sec. 3):
-        (B, T) -> logits (B, num_labels). num_labels == 1 is regression trained with mean squared
-        error."""
+        """Sequence classification on the [CLS] position (BERT, Devlin et al. 2019, Sec. 3) or on
+        the mean of all positions (config "pooling"): (B, T) -> logits (B, num_labels).
+        num_labels == 1 is regression trained with mean squared error."""
         if self.classifier is None:
             raise ValueError("this model has no classification head; call add_classifier(model, "
                              "num_labels)")
-        # [CLS] is the first token of every input (data.py, evaluate_glue.py);
-        # attention lets it see the whole text.
-        h = self.encode(input_ids, attention_mask)[:, 0]                  # (B, d)
+        h = self.encode(input_ids, attention_mask)                        # (B, T, d)
+        if self.config["pooling"] == "cls":
+            # [CLS] is the first token of every input (data.py, evaluate_glue.py); attention lets
+            # it see the whole text. MLM never trains its output, though: [CLS] is never masked.
+            h = h[:, 0]                                                   # (B, d)
+        else:
+            # The mean over the real tokens (ModernBERT's classifier_pooling="mean"): every one
+            # of them is an output MLM trained. Padding is left out of the sum and the count.
+            keep = (torch.ones_like(input_ids) if attention_mask is None else attention_mask)
+            keep = keep.unsqueeze(-1).to(h.dtype)                         # (B, T, 1)
+            h = (h * keep).sum(1) / keep.sum(1).clamp(min=1)              # (B, d)
         # Pooler: dense + GELU (BERT's pooler uses tanh), then dropout, which fine-tuning turns on.
         h = F.dropout(F.gelu(self.pooler(h)), self.config["dropout"], self.training)
         logits = self.classifier(h).float()                               # (B, num_labels)
@@ -562,12 +572,13 @@ def build_model(cfg):
 
 # Fine-tuning on a pretrained model: a fresh classification head, and dropout switched on.
 
-def add_classifier(model, num_labels):
+def add_classifier(model, num_labels, pooling="cls"):
     """Attach a fresh pooler + classifier with num_labels outputs (1 = regression) to a pretrained
-    model."""
+    model; pooling: what the head reads, "cls" (the first position) or "mean" (all positions)."""
     # The config is updated in place, so save_model records the head and load_model rebuilds it.
     cfg = model.config
-    cfg["num_labels"] = validate_config({**cfg, "num_labels": num_labels})["num_labels"]
+    checked = validate_config({**cfg, "num_labels": num_labels, "pooling": pooling})
+    cfg["num_labels"], cfg["pooling"] = checked["num_labels"], checked["pooling"]
     device = model.tok_emb.weight.device
     model.pooler = nn.Linear(cfg["d_model"], cfg["d_model"]).to(device)
     model.classifier = nn.Linear(cfg["d_model"], num_labels).to(device)

@@ -396,6 +396,143 @@ def test_a_task_file_is_fine_tuned_end_to_end_and_gets_no_glue_score(tmp_path, c
     assert r["missing_submissions"] == {}  # no GLUE task ran: no leaderboard files are missing
 
 
+def test_a_task_file_after_glue_tasks_is_fine_tuned_on_its_own_rows(tmp_path, glue_dir,
+                                                                   checkpoint):
+    path = str(tmp_path / "sentiment.tsv")
+    tsv(path, ["sentence", "label"], [[sentence(i), ["neg", "pos"][i % 2]] for i in range(30)])
+    r = eg.evaluate(checkpoint, ["RTE"], {"glue_dir": glue_dir, "task_file": path, "seeds": 1,
+                                          "epochs": 1, "batch_size": 4, "progress": False})
+    # 27 rows train and 3 are held out: the file's own rows, not the task loaded before it
+    assert r["tasks"]["sentiment"]["n_train"] == 27
+    assert r["tasks"]["sentiment"]["n_dev"] == {"dev": 3}
+    assert r["tasks"]["RTE"]["n_train"] != 27
+
+
+# -----------------------------------------------------------------------------
+# What pretraining bought: the random-init control, pooling and the fine-tuning length
+
+def test_the_control_is_the_same_network_freshly_initialized_without_touching_the_rng():
+    import model
+    trunk = model.build_model(model.make_config("tiny", n_layers=1, d_model=32, n_heads=2,
+                                                ffn_dim=64))
+    torch.manual_seed(5)
+    before = torch.rand(3)
+    torch.manual_seed(5)
+    control = eg.random_init_copy(trunk, seed=0)
+    assert torch.equal(torch.rand(3), before)  # the pretrained arm's draws are unchanged
+    assert control.config == trunk.config and control is not trunk
+    again = eg.random_init_copy(trunk, seed=0)
+    for (name, p), c, a in zip(trunk.named_parameters(), control.parameters(),
+                               again.parameters()):
+        assert c.shape == p.shape and torch.equal(c, a)  # seeded: the same control every time
+        if p.dim() == 2:  # matrices are drawn afresh (norms start at 1 in both)
+            assert not torch.equal(c, p), name
+
+
+@pytest.fixture(scope="module")
+def similarity_task(tmp_path_factory):
+    """A tiny regression task file: a float label per pair, so any change of weights changes the
+    Pearson correlation."""
+    path = str(tmp_path_factory.mktemp("task") / "similarity.tsv")
+    tsv(path, ["sentence1", "sentence2", "label"],
+        [[sentence(i), sentence(i + i % 3), f"{(i % 5) * 1.25:.2f}"] for i in range(60)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def other_checkpoint(tmp_path_factory):
+    torch.manual_seed(123)  # weights that are not the control's seed-0 draw
+    return random_checkpoint(tmp_path_factory.mktemp("other"), [sentence(i) for i in range(400)])
+
+
+def test_the_control_is_reported_beside_the_pretrained_scores(tmp_path, similarity_task,
+                                                              other_checkpoint):
+    protocol = {"task_file": similarity_task, "seeds": 2, "epochs": 2, "batch_size": 8,
+                "lr": 1e-3, "progress": False}
+    alone = eg.evaluate(other_checkpoint, None, protocol)
+    out = str(tmp_path / "run")
+    both = eg.evaluate(other_checkpoint, None, {**protocol, "control": "random-init", "out": out})
+    # the pretrained arm is the same run with or without a control beside it
+    assert both["tasks"]["similarity"]["metrics"] == alone["tasks"]["similarity"]["metrics"]
+    ours = both["tasks"]["similarity"]["metrics"]["pearson"]
+    control = both["control"]["tasks"]["similarity"]["metrics"]["pearson"]
+    assert both["control"]["kind"] == "random-init" and both["control"]["init_seed"] == 0
+    assert control != ours and len(both["control"]["tasks"]["similarity"]["per_seed"]) == 2
+    assert both["settings"]["control"] == "random-init"
+    saved = json.load(open(os.path.join(out, "results.json")))
+    assert saved["control"]["tasks"]["similarity"]["metrics"]["pearson"] == pytest.approx(control)
+    table = open(os.path.join(out, "results.md")).read()
+    assert "| task | metric | median | per seed | random init | gain |" in table
+    assert f"{control:.2f} | {ours - control:+.2f} |" in table
+
+
+def test_the_glue_score_gain_is_the_pretrained_score_minus_the_controls(tmp_path, glue_dir,
+                                                                        checkpoint):
+    r = eg.evaluate(checkpoint, ["RTE", "STS-B"],
+                    {"glue_dir": glue_dir, "seeds": 1, "epochs": 1, "batch_size": 4,
+                     "progress": False, "control": "random-init"})
+    control = r["control"]
+    assert set(control["glue_numbers"]) == {"RTE", "STS-B"}
+    assert control["glue_score"] == pytest.approx(np.mean(list(control["glue_numbers"].values())))
+    assert r["pretraining_gain"]["glue_score"] == pytest.approx(r["glue_score"]
+                                                                - control["glue_score"])
+    assert r["pretraining_gain"]["RTE"] == pytest.approx(r["glue_numbers"]["RTE"]
+                                                         - control["glue_numbers"]["RTE"])
+
+
+def test_relative_lr_scaling_gives_each_matrix_lr_times_its_growth_over_init():
+    import model
+    net = model.build_model(model.make_config("tiny", n_layers=1, d_model=32, n_heads=2,
+                                              ffn_dim=64))
+    std = net.config["init_std"]
+    with torch.no_grad():
+        net.blocks[0].qkv.weight.normal_(0, 20 * std)   # grew 20x, as in pretraining
+        net.blocks[0].out.weight.normal_(0, std / 2)    # shrank: never slowed below lr
+    lrs = {id(g["params"][0]): g["lr"] for g in eg.param_groups(net, 1e-3, "relative")}
+    rms = net.blocks[0].qkv.weight.pow(2).mean().sqrt().item()
+    assert lrs[id(net.blocks[0].qkv.weight)] == pytest.approx(1e-3 * rms / std)
+    assert lrs[id(net.blocks[0].out.weight)] == pytest.approx(1e-3)
+    assert lrs[id(net.blocks[0].norm1.weight)] == pytest.approx(1e-3)  # norms keep lr
+    assert len(lrs) == len(list(net.parameters()))
+    # a fresh network (the random-init control) gets lr, within its sampling noise
+    fresh = model.build_model(net.config)
+    fresh_lrs = [g["lr"] for g in eg.param_groups(fresh, 1e-3, "relative")]
+    assert max(fresh_lrs) < 1.1e-3
+    assert eg.param_groups(net, 1e-3, "none")[0]["lr"] == 1e-3
+
+
+def test_mean_pooling_is_recorded_and_saved_with_the_fine_tuned_model(tmp_path, similarity_task,
+                                                                      checkpoint):
+    import model
+    saved = str(tmp_path / "models")
+    r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
+                 "--epochs", "1", "--pooling", "mean", "--no-progress", "--save-model", saved,
+                 "--out", str(tmp_path / "run")])
+    assert r["settings"]["pooling"] == "mean"
+    assert model.load_model(os.path.join(saved, "similarity")).config["pooling"] == "mean"
+
+
+def test_the_fine_tuning_length_defaults_to_the_pretraining_length_and_says_when_it_passes_it(
+        capsys):
+    import model
+    rotary = model.make_config("tiny", positions="rotary")          # pretrained at 64 tokens
+    assert eg.fine_tuning_length(None, rotary) == 64
+    assert eg.fine_tuning_length(32, rotary) == 32 and capsys.readouterr().out == ""
+    assert eg.fine_tuning_length(128, rotary) == 128                 # stated: kept, with a note
+    assert "pretrained on: its rotary positions past 64 were never trained" in \
+        capsys.readouterr().out
+    learned = model.make_config("tiny", positions="learned")         # no table rows past 64
+    assert eg.fine_tuning_length(128, learned) == 64
+
+
+def test_max_len_zero_on_the_command_line_means_the_pretraining_length(tmp_path, similarity_task,
+                                                                       checkpoint):
+    r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
+                 "--epochs", "1", "--max-len", "0", "--no-progress",
+                 "--out", str(tmp_path / "run")])
+    assert r["settings"]["max_len"] == 64
+
+
 # -----------------------------------------------------------------------------
 # Download against a local HTTP server
 

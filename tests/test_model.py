@@ -387,6 +387,55 @@ def test_regression_head_uses_mean_squared_error():
     assert torch.allclose(out["loss"], F.mse_loss(out["logits"].squeeze(-1), labels))
 
 
+def test_mean_pooling_averages_the_real_tokens_and_ignores_padding():
+    net = model.add_classifier(seeded_model(tiny()), 2, pooling="mean").eval()
+    assert net.config["pooling"] == "mean"
+    x = tokens(B=2, T=8)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0  # the second row has 5 real tokens, then padding
+    seen = {}
+    net.pooler.register_forward_hook(lambda m, inp, out: seen.update(pooled=inp[0]))
+    net.classify(x, mask)
+    h = net.encode(x, mask)                                           # (2, 8, d)
+    assert seen["pooled"].shape == (2, net.config["d_model"])
+    assert torch.allclose(seen["pooled"][0], h[0].mean(0), atol=1e-6)
+    assert torch.allclose(seen["pooled"][1], h[1, :5].mean(0), atol=1e-6)
+    # what stands in the padding changes nothing
+    padded = x.clone()
+    padded[1, 5:] = 7
+    assert torch.allclose(net.classify(padded, mask)["logits"][1],
+                          net.classify(x, mask)["logits"][1], atol=1e-6)
+
+
+def test_mean_pooling_sends_gradient_to_every_real_position_and_cls_only_through_attention():
+    for pooling in ("cls", "mean"):
+        net = model.add_classifier(seeded_model(tiny()), 2, pooling=pooling)
+        # the last block's feed-forward acts per position: its gradient shows which positions
+        # the head read directly (with cls, only position 0 reaches it without attention)
+        seen = {}
+        net.blocks[-1].down.register_forward_hook(lambda m, inp, out: seen.update(h=out))
+        x = tokens(B=1, T=6)
+        mask = torch.tensor([[1, 1, 1, 1, 0, 0]])
+        out = net.classify(x, mask, labels=torch.tensor([1]))
+        grad = torch.autograd.grad(out["loss"], seen["h"])[0][0]      # (T, d)
+        per_position = grad.abs().sum(-1)                             # (T,)
+        if pooling == "cls":
+            assert per_position[0] > 0 and torch.all(per_position[1:] == 0)
+        else:
+            assert torch.all(per_position[:4] > 0) and torch.all(per_position[4:] == 0)
+
+
+def test_pooling_is_checked_and_saved_with_the_head(tmp_path):
+    with pytest.raises(ValueError, match="pooling"):
+        model.add_classifier(seeded_model(tiny()), 2, pooling="max")
+    net = model.add_classifier(seeded_model(tiny()), 2, pooling="mean")
+    model.save_model(net, str(tmp_path))
+    back = model.load_model(str(tmp_path)).eval()
+    assert back.config["pooling"] == "mean"
+    x = tokens(B=2)
+    assert torch.equal(back.classify(x)["logits"], net.eval().classify(x)["logits"])
+
+
 def test_classify_without_a_head_is_a_clear_error():
     with pytest.raises(ValueError, match="add_classifier"):
         seeded_model(tiny()).classify(tokens())

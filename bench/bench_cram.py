@@ -65,8 +65,9 @@ apart. Output in --out: results.json, curves.png (if matplotlib is installed), o
 
 Downstream check (skip with --no-downstream; --downstream-only reruns it on OUT's checkpoint):
 seed 0's pretrained model against the same network from random initialization
-(save_random_init), both fine-tuned with evaluate_glue.py's protocol except 3 epochs, lr 1e-3 and
-the median of 3 seeds (--downstream-epochs/-lr/-seeds), on two tasks built from the bundled
+(evaluate_glue.py --control random-init), both fine-tuned with evaluate_glue.py's protocol except
+3 epochs, lr 1e-3, [CLS] pooling, one lr for every tensor and the median of 3 seeds
+(--downstream-epochs/-lr/-seeds), on two tasks built from the bundled
 corpus, lines of at least 6 spoken words, train and dev lines from disjoint contiguous blocks of
 each play (3,000 train / 600 dev rows, balanced classes):
   - "word order" (CoLA-like): a line as written, or its words shuffled. Lines from the three plays
@@ -80,8 +81,9 @@ each play (3,000 train / 600 dev rows, balanced classes):
     python evaluate_glue.py --checkpoint OUT/ours_seed0/final \
         --task-file "OUT/downstream/word order/train.tsv" \
         --task-dev-file "OUT/downstream/word order/dev.tsv" --seeds 3 --epochs 3 --lr 1e-3 \
-        --no-progress --out "OUT/downstream/word order/pretrained"
-    (the same with --checkpoint OUT/downstream/random_init, and with the plays task)
+        --pooling cls --lr-scaling none --control random-init --no-progress \
+        --out "OUT/downstream/word order"
+    (and the same with the plays task)
 
 The tasks always use the bundled Shakespeare corpus and the run's own tokenizer, so they work
 after pretraining on any corpus.
@@ -97,7 +99,6 @@ import os
 import random
 import re
 import shlex
-import shutil
 import statistics
 import sys
 import time
@@ -554,37 +555,26 @@ def bag_of_words_accuracy(task, l2=1e-3, steps=200):
     return 100.0 * float((pred == dev_rows["labels"]).mean())
 
 
-def save_random_init(final_folder, folder):
-    """The pretrained checkpoint's network freshly initialized (seed 0), with its tokenizer and
-    meta.json: evaluate_glue.py has no random-init flag, so the control is its own checkpoint."""
-    with open(os.path.join(final_folder, "config.json")) as f:
-        cfg = json.load(f)
-    torch.manual_seed(0)
-    model.save_model(model.build_model(cfg), folder)
-    for name in ("tokenizer.json", "meta.json"):
-        shutil.copyfile(os.path.join(final_folder, name), os.path.join(folder, name))
-    return folder
-
-
 def downstream(final_folder, out_dir, epochs=3, lr=1e-3, seeds=3, tasks=None):
     """Fine-tune the pretrained checkpoint and a randomly initialized copy of its network on each
     task with the same protocol. tasks: {name: builder(out_dir) -> task dict} (default
     DOWNSTREAM_TASKS). Returns {"epochs", "lr", "seeds", "tasks": {name: {"task", "chance",
-    "pretrained", "random_init"}}}, accuracies in percent (median over seeds)."""
+    "pretrained", "random_init"}}}, accuracies in percent (median over seeds). The protocol is
+    the one the README's downstream numbers were measured with: [CLS] pooling, one lr."""
     import evaluate_glue
-    random_init = save_random_init(final_folder, os.path.join(out_dir, "random_init"))
     result = {"epochs": epochs, "lr": lr, "seeds": seeds, "tasks": {}}
     for task_name, build in (tasks or DOWNSTREAM_TASKS).items():
         task = build(os.path.join(out_dir, task_name))
         r = {"task": task, "chance": 100.0 / len(task["classes"]),
              "bag_of_words": bag_of_words_accuracy(task)}
-        for name, checkpoint in (("pretrained", final_folder), ("random_init", random_init)):
-            glue = evaluate_glue.main(["--checkpoint", checkpoint, "--task-file", task["train"],
-                                       "--task-dev-file", task["dev"], "--seeds", str(seeds),
-                                       "--epochs", str(epochs), "--lr", str(lr), "--no-progress",
-                                       "--out", os.path.join(out_dir, task_name, name)])
-            # The task is named after train.tsv.
-            r[name] = glue["tasks"]["train"]["metrics"]["accuracy"]
+        glue = evaluate_glue.main(["--checkpoint", final_folder, "--task-file", task["train"],
+                                   "--task-dev-file", task["dev"], "--seeds", str(seeds),
+                                   "--epochs", str(epochs), "--lr", str(lr), "--pooling", "cls",
+                                   "--lr-scaling", "none", "--control", "random-init",
+                                   "--no-progress", "--out", os.path.join(out_dir, task_name)])
+        # The task is named after train.tsv.
+        r["pretrained"] = glue["tasks"]["train"]["metrics"]["accuracy"]
+        r["random_init"] = glue["control"]["tasks"]["train"]["metrics"]["accuracy"]
         result["tasks"][task_name] = r
     return result
 

@@ -459,7 +459,9 @@ def param_groups(net, lr, scaling):
     regularization versus batch and weight normalization"); the random-init control, all at init
     scale, would fine-tune 20x faster than the pretrained model at the same lr. The per-tensor
     ratio is LARS's trust ratio (You et al. 2017). Fresh matrices (the head, a random-init
-    control) are at init scale, so their factor is 1; norms and biases keep lr."""
+    control) sit at init scale, so their factor is about 1: a small matrix's sample RMS can be a
+    few percent above init_std (a 1-row regression head's up to about 10%), and its lr rises by
+    that much, the same in both arms. Norms and biases keep lr."""
     if scaling == "none":
         return [{"params": list(net.parameters()), "lr": lr}]
     init_std = net.config["init_std"]
@@ -470,6 +472,10 @@ def param_groups(net, lr, scaling):
             factor = max(1.0, p.detach().float().pow(2).mean().sqrt().item() / init_std)
         groups.append({"params": [p], "lr": lr * factor})
     return groups
+
+
+# How the printout and results.md name each lr scaling, after the lr.
+LR_SCALING_WORDS = {"none": "", "relative": " times each matrix's RMS / init std"}
 
 
 def finetune(trunk, spec, encoded, labels, settings, seed, desc=""):
@@ -697,12 +703,12 @@ def fine_tuning_length(max_len, cfg):
     when max_len is None. Learned and sinusoidal tables end there, so they are capped to it; rotary,
     ALiBi and none run past it, on positions pretraining never trained, and a note says so."""
     trained = cfg["max_seq_len"]
-    if max_len is None or max_len == trained:
-        return trained
-    if max_len > trained and cfg["positions"] in ("learned", "sinusoidal"):
-        print(f"max length {max_len} > the model's {trained} positions: using {trained}")
+    if max_len is None:
         return trained
     if max_len > trained:
+        if cfg["positions"] in ("learned", "sinusoidal"):
+            print(f"max length {max_len} > the model's {trained} positions: using {trained}")
+            return trained
         print(f"max length {max_len} > the {trained} tokens the model was pretrained on: its "
               f"{cfg['positions']} positions past {trained} were never trained")
     return max_len
@@ -758,10 +764,9 @@ def evaluate(checkpoint, tasks=None, settings=None):
     # what run_task and finetune need besides the protocol; not recorded
     settings = {**protocol, "pad_id": ids["pad"], "predict_test": bool(out), "device": device,
                 "progress": given["progress"], "save_model": given["save_model"]}
-    print(f"protocol: AdamW lr {protocol['lr']:g}"
-          + (" times each matrix's RMS / init std" if given["lr_scaling"] == "relative" else "")
-          + " (betas 0.9/0.98, eps 1e-6, "
-          f"wd {protocol['weight_decay']:g}), batch {protocol['batch_size']}, "
+    print(f"protocol: AdamW lr {protocol['lr']:g}{LR_SCALING_WORDS[protocol['lr_scaling']]} "
+          f"(betas 0.9/0.98, eps 1e-6, wd {protocol['weight_decay']:g}), "
+          f"batch {protocol['batch_size']}, "
           f"{protocol['epochs']} epochs, cosine with {protocol['warmup']:.0%} warmup, "
           f"dropout {protocol['dropout']:g}, max length {max_len}, {given['pooling']} pooling, "
           "last-epoch dev score, "
@@ -845,7 +850,7 @@ def markdown_table(results):
     its median and the gain from pretraining beside them."""
     s = results["settings"]
     control = results.get("control")
-    scaled = " scaled per matrix (relative)" if s["lr_scaling"] == "relative" else ""
+    scaled = LR_SCALING_WORDS[s["lr_scaling"]]
     lines = [f"# GLUE dev results for `{results['checkpoint']}`", "",
              f"lr {s['lr']:g}{scaled}, batch {s['batch_size']}, {s['epochs']} epochs, cosine with "
              f"{s['warmup']:.0%} warmup, dropout {s['dropout']:g}, max length {s['max_len']}, "

@@ -176,7 +176,11 @@ def load_init(path):
     else:
         net = load_folder(path)
         weights, config = net.state_dict(), net.config
-    # export.py writes a Hugging Face tokenizer.json, and keeps ours as growcram_tokenizer.json
+    if config["num_labels"]:  # a fine-tuned classifier: continued pretraining leaves its head out
+        weights = {k: t for k, t in weights.items() if not k.startswith(("pooler.", "classifier."))}
+        config = {**config, "num_labels": 0}
+    # export.py writes a Hugging Face tokenizer.json and keeps ours as growcram_tokenizer.json;
+    # a folder transformers saved after fine-tuning has the Hugging Face one only, which reads back
     found = [os.path.join(folder, name) for name in ("growcram_tokenizer.json", "tokenizer.json")]
     ours = next((f for f in found if os.path.isfile(f) and is_our_tokenizer(f)), None)
     return {"config": config, "weights": weights, "tokenizer": ours}
@@ -201,11 +205,12 @@ def load_folder(path):
 
 
 def is_our_tokenizer(path):
-    """A growcram tokenizer.json, not a Hugging Face one (which has no "format" field)."""
+    """A growcram tokenizer.json, or the Hugging Face one export.py wrote from it: a file that
+    tokenizer.load_tokenizer reads (another model's Hugging Face tokenizer is not)."""
     try:
-        with open(path) as f:
-            return json.load(f).get("format") == tokenizer.TOKENIZER_FORMAT
-    except (OSError, ValueError, AttributeError):
+        tokenizer.load_tokenizer(path)
+        return True
+    except ValueError:
         return False
 
 

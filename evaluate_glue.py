@@ -727,9 +727,20 @@ def random_init_copy(trunk, seed):
     return fresh.to(trunk.tok_emb.weight.device)
 
 
+def load_trunk(folder, device):
+    """The pretrained model in folder: model.py's (model.pt), or one that export.py or
+    transformers' save_pretrained wrote (model.safetensors)."""
+    exported = os.path.isfile(os.path.join(folder, "model.safetensors"))
+    if exported and not os.path.isfile(os.path.join(folder, "model.pt")):
+        import export  # only here: it needs safetensors, which fine-tuning does not
+        return export.load_exported(folder).to(device)
+    return model.load_model(folder, device=device)
+
+
 def evaluate(checkpoint, tasks=None, settings=None):
-    """Fine-tune `checkpoint` (a folder with config.json, model.pt, tokenizer.json) on each task
-    settings["seeds"] times. settings: the keys of DEFAULTS to change.
+    """Fine-tune `checkpoint` (train.py's final/, or a folder export.py or transformers'
+    save_pretrained wrote) on each task settings["seeds"] times. settings: the keys of DEFAULTS
+    to change.
 
     Returns the results dict (also written to out/results.json with out/results.md and
     out/submission/*.tsv):
@@ -747,7 +758,7 @@ def evaluate(checkpoint, tasks=None, settings=None):
     tok_path = os.path.join(checkpoint, "tokenizer.json")
     enc = tokenizer.load_tokenizer(tok_path)
     ids = tokenizer.special_ids(enc)
-    trunk = model.load_model(checkpoint, device=device)
+    trunk = load_trunk(checkpoint, device)
     cfg = trunk.config
     if enc.n_vocab > model.padded_vocab_size(cfg):
         raise ValueError(f"{tok_path}: {enc.n_vocab} tokens but the model embeds only "
@@ -911,7 +922,9 @@ def make_parser():
         usage="%(prog)s --checkpoint DIR [flags]  (--help lists them)")
     # Inputs
     p.add_argument("--checkpoint",
-                   help="pretrained run folder holding config.json, model.pt and tokenizer.json")
+                   help="pretrained run folder holding config.json, model.pt and tokenizer.json "
+                   "(train.py's final/), or a folder export.py or transformers' save_pretrained "
+                   "wrote")
     p.add_argument("--glue-dir", default="glue_data",
                    help="folder with CoLA/, SST-2/, ... (default glue_data)")
     p.add_argument("--tasks", default=None,

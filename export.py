@@ -11,14 +11,19 @@ OUT holds model.safetensors (our state dict with plain keys), config.json (our c
 network code, copied at export time without its command line), modeling_growcram.py (transformers'
 PreTrainedModel classes around it), the tokenizer (tokenizer.save_hf_tokenizer) and a model card,
 README.md. Shipping our own code is cramming's route (Geiping & Goldstein 2022: the crammed-bert
-model on the Hub loads its ScriptableLM through trust_remote_code), because only one family of our
-configs computes exactly what a stock transformers class computes:
+model on the Hub loads its ScriptableLM through trust_remote_code), because only two families of
+our configs compute exactly what a stock transformers class computes. modeling_growcram.py answers
+every Auto class a user fine-tunes with: AutoModel (the trunk), AutoModelForMaskedLM or
+AutoModelForCausalLM, AutoModelForSequenceClassification and AutoModelForTokenClassification (a
+fresh head from num_labels). A folder transformers saves after fine-tuning reads back here.
 
 - ModernBERT (Warner et al. 2024) is the nearest encoder (pre-LN, no biases, GeGLU, rotary, an
-  embedding norm, a final norm), but its first layer has no attention norm (an identity) where each
-  of our blocks normalizes its input, and its MLM head puts dense -> activation -> norm between the
-  final norm and the tied decoder, where ours has none (cramming's skip_head_transform). Neither
-  can be configured away in ModernBertConfig.
+  embedding norm, a final norm) and maps exactly with its two differences set: no attention norm
+  in the first layer (first_attention_norm=False) and dense -> GELU -> norm between the final norm
+  and the tied decoder (head_transform=True). model.ARCHITECTURES["modernbert"] (train.py --arch
+  modernbert) sets both; those checkpoints export as stock "modernbert" models, every layer global,
+  which load without trust_remote_code. The crammed default keeps cramming's choices (an attention
+  norm in every block, no head transform: skip_head_transform) and ships its own code.
 - BERT (Devlin et al. 2019): norm_position=post, positions=learned, activation=gelu,
   norm=layernorm, embedding_norm=True is BertModel's trunk exactly (q, k, v split out of qkv, zero
   biases where bias=False, a zero token-type table), but BERT's MLM head has the same dense + act +
@@ -29,7 +34,8 @@ configs computes exactly what a stock transformers class computes:
   weights are our Linear weights transposed; zero biases where bias=False). Those checkpoints are
   exported as stock "gpt2" models, which load without trust_remote_code.
 
-load_exported(folder) reads either kind back as our model.Transformer (for train.py --init-from).
+load_exported(folder) reads every kind back as our model.Transformer (for train.py --init-from and
+evaluate_glue.py --checkpoint).
 transformers, safetensors and tokenizers stay optional for the rest of growcram: only the functions
 here that need them import them.
 """
@@ -48,11 +54,20 @@ import model
 # dicts carry the prefix (nanoGPT strips "_orig_mod." on resume; cramming issues #9 and #34 are
 # exports failing on it). Both can nest, in either order: DDP(compile(net)) or compile(DDP(net)).
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
-# The transformers Auto class and our wrapper class per kind of checkpoint
+# The attribute that holds growcram's network in modeling_growcram.py's classes: a folder that
+# transformers' save_pretrained wrote has every key under it.
+HF_PREFIX = "growcram."
+# The transformers Auto class and our wrapper class per kind of checkpoint: the one in the model
+# card and config.json's "architectures"
 AUTO_CLASSES = {"mlm": ("AutoModelForMaskedLM", "GrowcramForMaskedLM"),
                 "clm": ("AutoModelForCausalLM", "GrowcramForCausalLM"),
                 "cls": ("AutoModelForSequenceClassification",
                         "GrowcramForSequenceClassification")}
+# Every export answers these Auto classes too: the trunk, and fresh heads to fine-tune
+# (from_pretrained(..., num_labels=n) sizes them)
+SHARED_AUTO_CLASSES = {"AutoModel": "GrowcramModel",
+                       "AutoModelForSequenceClassification": "GrowcramForSequenceClassification",
+                       "AutoModelForTokenClassification": "GrowcramForTokenClassification"}
 
 
 def need_hf():
@@ -131,6 +146,12 @@ def kind_of(cfg):
     return "cls" if cfg["num_labels"] else cfg["objective"]
 
 
+def stock_name(cfg):
+    """'GPT-2' or 'ModernBERT' when the config is exactly that stock transformers model, else
+    None (the export ships its own modeling code)."""
+    return "GPT-2" if is_gpt2(cfg) else "ModernBERT" if is_modernbert(cfg) else None
+
+
 def is_gpt2(cfg):
     """True when the config computes exactly GPT-2's function (see the module docstring)."""
     return (cfg["objective"] == "clm" and not cfg["num_labels"] and cfg["positions"] == "learned"
@@ -168,7 +189,7 @@ def network_source():
 # a second module) because it imports transformers at the top, as remote code must, and growcram
 # must import without transformers.
 MODELING = '''"""modeling_growcram.py: growcram's Transformer (growcram_model.py) as transformers
-models.
+models, one class per Auto class.
 
 Written by growcram's export.py. Load with trust_remote_code=True; the weights in model.safetensors
 are the plain growcram state dict, under the prefix "growcram." here.
@@ -176,8 +197,8 @@ are the plain growcram state dict, under the prefix "growcram." here.
 import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import (CausalLMOutput, MaskedLMOutput,
-                                           SequenceClassifierOutput)
+from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutput, MaskedLMOutput,
+                                           SequenceClassifierOutput, TokenClassifierOutput)
 
 from .growcram_model import Transformer, alibi_slopes, sinusoid_table, validate_config
 
@@ -186,11 +207,14 @@ class GrowcramConfig(PretrainedConfig):
     """growcram's config dict under "growcram", mirrored into the names transformers reads."""
     model_type = "growcram"
 
-    def __init__(self, growcram=None, **kwargs):
+    def __init__(self, growcram=None, classifier_pooling=None, **kwargs):
         self.growcram = cfg = validate_config(growcram or {})
         self.vocab_size, self.hidden_size = cfg["vocab_size"], cfg["d_model"]
         self.num_hidden_layers, self.num_attention_heads = cfg["n_layers"], cfg["n_heads"]
         self.max_position_embeddings = cfg["max_seq_len"]
+        # what a sequence classifier pools, "cls" or "mean" (ModernBERT's name for it), so that
+        # from_pretrained(..., classifier_pooling="mean") chooses it
+        self.classifier_pooling = classifier_pooling or cfg["pooling"]
         # the network ties its own embeddings; there is no KV cache to use
         kwargs.update(tie_word_embeddings=False, use_cache=False)
         super().__init__(**kwargs)
@@ -204,12 +228,11 @@ class GrowcramPreTrainedModel(PreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.growcram = Transformer(config.growcram)
-        self.post_init()
 
     def _init_weights(self, module):
         # The sinusoid table and ALiBi slopes are buffers left out of the state dict: rebuilt here,
         # since from_pretrained may create the modules without data. Weights missing from the
-        # checkpoint get growcram's own init.
+        # checkpoint (a fresh head) get growcram's own init.
         if isinstance(module, Transformer):
             cfg = module.config
             if getattr(module, "sinusoids", None) is not None:
@@ -230,8 +253,25 @@ class GrowcramPreTrainedModel(PreTrainedModel):
         return self.growcram.logits(h)[..., :self.config.vocab_size]
 
 
+class GrowcramModel(GrowcramPreTrainedModel):
+    """The trunk (AutoModel, the feature-extraction pipeline): last_hidden_state (B, T, d), the
+    hidden states after the final norm."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        h = self.growcram.encode(input_ids, attention_mask, position_ids)
+        return BaseModelOutput(last_hidden_state=h)
+
+
 class GrowcramForMaskedLM(GrowcramPreTrainedModel):
     """Masked LM: scores at every position (growcram's sparse prediction is for training)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.post_init()
 
     def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, **kwargs):
         logits = self.lm_logits(input_ids, attention_mask, position_ids)
@@ -245,6 +285,10 @@ class GrowcramForMaskedLM(GrowcramPreTrainedModel):
 class GrowcramForCausalLM(GrowcramPreTrainedModel, GenerationMixin):
     """Causal LM. labels = input_ids, shifted here (transformers' convention). No KV cache:
     generate re-reads the last max_seq_len tokens at every step, as growcram's generate does."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.post_init()
 
     def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, **kwargs):
         logits = self.lm_logits(input_ids, attention_mask, position_ids)
@@ -261,11 +305,39 @@ class GrowcramForCausalLM(GrowcramPreTrainedModel, GenerationMixin):
 
 
 class GrowcramForSequenceClassification(GrowcramPreTrainedModel):
-    """[CLS] pooler + classifier (num_labels == 1: regression with mean squared error)."""
+    """growcram's classify(): pooled ([CLS] or mean) -> dense + GELU -> num_labels outputs
+    (num_labels == 1: regression with mean squared error)."""
+
+    def __init__(self, config):
+        # The head has config.num_labels outputs (from_pretrained(..., num_labels=3) sets them): a
+        # fresh head on a pretrained trunk, or the trained one of a fine-tuned model. Written back
+        # into config.growcram, so save_pretrained records the head and growcram reads it.
+        config.growcram = validate_config({**config.growcram, "num_labels": config.num_labels,
+                                           "pooling": config.classifier_pooling})
+        super().__init__(config)
+        self.post_init()
 
     def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
         out = self.growcram.classify(input_ids, attention_mask, labels)
         return SequenceClassifierOutput(loss=out["loss"], logits=out["logits"])
+
+
+class GrowcramForTokenClassification(GrowcramPreTrainedModel):
+    """One label per token (NER, tagging): the final hidden states -> dropout -> a linear layer."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.classifier = torch.nn.Linear(config.growcram["d_model"], config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, **kwargs):
+        h = self.growcram.encode(input_ids, attention_mask, position_ids)            # (B, T, d)
+        h = F.dropout(h, self.config.growcram["dropout"], self.training)
+        logits = self.classifier(h).float()                                          # (B, T, n)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return TokenClassifierOutput(loss=loss, logits=logits)
 '''
 
 
@@ -275,9 +347,11 @@ def remote_config(cfg, kind, labels):
     # (transformers' custom-models guide). Our keys go under one name, not at the top level,
     # because PretrainedConfig owns some of them (vocab_size, num_labels, derived from id2label).
     auto, wrapper = AUTO_CLASSES[kind]
+    # the language model of the trunk's objective answers its Auto class, whatever the kind
+    lm_auto, lm_class = AUTO_CLASSES[cfg["objective"]]
+    classes = {"AutoConfig": "GrowcramConfig", **SHARED_AUTO_CLASSES, lm_auto: lm_class}
     doc = {"model_type": "growcram", "architectures": [wrapper],
-           "auto_map": {"AutoConfig": "modeling_growcram.GrowcramConfig",
-                        auto: f"modeling_growcram.{wrapper}"},
+           "auto_map": {name: f"modeling_growcram.{c}" for name, c in classes.items()},
            "growcram": cfg}
     # transformers names the classes in pipelines and model cards from id2label / label2id
     if labels:
@@ -353,6 +427,72 @@ def from_gpt2(cfg, weights):
 
 
 # -----------------------------------------------------------------------------
+# ModernBERT, exactly
+
+# Our names -> ModernBertForMaskedLM's (transformers' modeling_modernbert.py). Outside the blocks:
+MODERNBERT_NAMES = {"tok_emb": "model.embeddings.tok_embeddings",
+                    "emb_norm": "model.embeddings.norm", "final_norm": "model.final_norm",
+                    "head_dense": "head.dense", "head_norm": "head.norm"}
+# and inside block i, under "model.layers.{i}." (block 0 has no norm1: ModernBERT's identity)
+MODERNBERT_BLOCK_NAMES = {"norm1": "attn_norm", "qkv": "attn.Wqkv", "out": "attn.Wo",
+                          "norm2": "mlp_norm", "up": "mlp.Wi", "down": "mlp.Wo"}
+
+
+def is_modernbert(cfg):
+    """True when the config computes exactly ModernBertForMaskedLM's function with every layer
+    global (model.ARCHITECTURES["modernbert"], any size and bias setting)."""
+    family = {k: v for k, v in model.ARCHITECTURES["modernbert"].items() if k != "bias"}
+    return (cfg["objective"] == "mlm" and not cfg["num_labels"]
+            and all(cfg[k] == v for k, v in family.items()))
+
+
+def modernbert_name(ours):
+    """'blocks.3.qkv.weight' -> 'model.layers.3.attn.Wqkv.weight'; 'head_norm.bias' ->
+    'head.norm.bias'."""
+    parts = ours.split(".")
+    if parts[0] == "blocks":
+        return ".".join(["model.layers", parts[1], MODERNBERT_BLOCK_NAMES[parts[2]], *parts[3:]])
+    return ".".join([MODERNBERT_NAMES[parts[0]], *parts[1:]])
+
+
+def modernbert_config(cfg, ids):
+    """ModernBertConfig's keys for cfg; ours stay under "growcram" so load_exported reads them."""
+    # Every layer global: ModernBERT's local layers see a 128-token window, which growcram's
+    # attention has no counterpart for. Rotary's theta is growcram's 10,000 in both layer types.
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    return {"model_type": "modernbert", "architectures": ["ModernBertForMaskedLM"],
+            # the padded vocabulary: the decoder's rows are the embedding's (tied), padding included
+            "vocab_size": model.padded_vocab_size(cfg), "hidden_size": cfg["d_model"],
+            "intermediate_size": cfg["ffn_dim"], "num_hidden_layers": cfg["n_layers"],
+            "num_attention_heads": cfg["n_heads"], "hidden_activation": "gelu",
+            "classifier_activation": "gelu", "max_position_embeddings": cfg["max_seq_len"],
+            "initializer_range": cfg["init_std"], "norm_eps": cfg["norm_eps"],
+            # torch's LayerNorm keeps its bias; the matmuls have biases only with bias=True
+            "norm_bias": cfg["norm"] == "layernorm", "attention_bias": cfg["bias"],
+            "mlp_bias": cfg["bias"], "classifier_bias": cfg["bias"], "decoder_bias": False,
+            "layer_types": ["full_attention"] * cfg["n_layers"],
+            "rope_parameters": {"full_attention": rope, "sliding_attention": dict(rope)},
+            "embedding_dropout": cfg["dropout"], "attention_dropout": cfg["dropout"],
+            "mlp_dropout": cfg["dropout"], "classifier_pooling": cfg["pooling"],
+            "tie_word_embeddings": True, "pad_token_id": ids.get("pad"),
+            "cls_token_id": ids.get("cls"), "sep_token_id": ids.get("sep"),
+            "bos_token_id": ids.get("cls"), "eos_token_id": ids.get("sep"), "growcram": cfg}
+
+
+def modernbert_weights(state):
+    """Our state dict in ModernBertForMaskedLM's names; the tied decoder is the embedding."""
+    return {modernbert_name(k): t for k, t in state.items()}
+
+
+def from_modernbert(cfg, weights):
+    """The inverse of modernbert_weights: our state dict, for every tensor growcram's config has.
+    A folder transformers saved from a ModernBERT classifier gives its trunk and its head's
+    dense -> GELU -> norm; the classifier layer is not growcram's and is left out."""
+    names = {modernbert_name(k): k for k in model.build_model(cfg).state_dict()}
+    return {names[k]: t for k, t in weights.items() if k in names}
+
+
+# -----------------------------------------------------------------------------
 # Writing the folder
 
 def export(checkpoint, out, force=False):
@@ -381,10 +521,14 @@ def export(checkpoint, out, force=False):
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.", suffix=".tmp")
     try:
-        # The one config family that is a stock architecture loads without remote code.
+        # The two config families that are stock architectures load without remote code.
         if is_gpt2(cfg):
             doc = gpt2_config(cfg, ids)
             save_file(gpt2_weights(cfg, state), os.path.join(tmp, "model.safetensors"),
+                      metadata={"format": "pt"})
+        elif is_modernbert(cfg):
+            doc = modernbert_config(cfg, ids)
+            save_file(modernbert_weights(state), os.path.join(tmp, "model.safetensors"),
                       metadata={"format": "pt"})
         else:
             doc = remote_config(cfg, kind, read_labels(checkpoint, cfg) if cfg["num_labels"]
@@ -400,7 +544,7 @@ def export(checkpoint, out, force=False):
             gen = generation_config(ids, n_ordinary, cfg)
             write_text(tmp, "generation_config.json", json.dumps(gen, indent=2))
         write_hf_tokenizer(checkpoint, tmp, cfg)
-        write_text(tmp, "README.md", model_card(checkpoint, cfg, kind, is_gpt2(cfg)))
+        write_text(tmp, "README.md", model_card(checkpoint, cfg, kind, stock_name(cfg)))
         replace_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -445,7 +589,12 @@ def write_hf_tokenizer(checkpoint, folder, cfg):
     import tokenizer
     enc = tokenizer.load_tokenizer(path)
     # model_max_length lets the tokenizer truncate to the positions the model has
-    tokenizer.save_hf_tokenizer(enc, folder, max_length=cfg["max_seq_len"])
+    # it cleans text as the data pipeline did before tokenizing (meta.json: NFC, lowercase...),
+    # so transformers gives the ids our models were trained on for any text
+    meta = read_json(checkpoint, "meta.json") or {}
+    clean = (meta.get("settings") or {}).get("clean", {"normalize": "NFC"})
+    tokenizer.save_hf_tokenizer(enc, folder, max_length=cfg["max_seq_len"], clean=clean,
+                                causal=cfg["objective"] == "clm")
     shutil.copyfile(path, os.path.join(folder, "growcram_tokenizer.json"))
 
 
@@ -460,22 +609,23 @@ def generation_config(ids, n_ordinary, cfg):
 
 
 # Three lines per kind for the card. The tokenizer adds [CLS] text [SEP], as our encoders read text;
-# a causal model continues a document, which follows a [SEP] in its training stream.
+# a causal model's tokenizer puts [SEP] before the text: a document follows one in its training
+# stream.
 USAGE = {
     "mlm": """from transformers import pipeline
 fill = pipeline("fill-mask", model="PATH", tokenizer="PATH"{remote})
 print(fill("The capital of France is [MASK]."))""",
     "clm": """from transformers import AutoModelForCausalLM as LM, AutoTokenizer
-net, tok = LM.from_pretrained("PATH"{remote}), AutoTokenizer.from_pretrained("PATH"{remote})
-print(tok.decode(net.generate(tok("[SEP]The cat", add_special_tokens=False, \
-return_tensors="pt").input_ids)[0]))""",
+net, tok = LM.from_pretrained("PATH"{remote}), AutoTokenizer.from_pretrained("PATH")
+print(tok.decode(net.generate(**tok("The cat", return_tensors="pt"))[0]))""",
     "cls": """from transformers import pipeline
 classify = pipeline("text-classification", model="PATH", tokenizer="PATH"{remote})
 print(classify({{"text": "A man plays.", "text_pair": "Someone plays."}}))"""}
 
 
 def model_card(checkpoint, cfg, kind, stock):
-    """README.md: what the model is, its data and training run, its shape, how to load it."""
+    """README.md: what the model is, its data and training run, its shape, how to load it.
+    stock: the stock transformers model it is ('GPT-2', 'ModernBERT'), or None."""
     meta, summary = read_json(checkpoint, "meta.json"), read_json(checkpoint, "..", "summary.json")
     auto = AUTO_CLASSES[kind][0]
     # A card makes the folder self-describing on the Hub: what it is, how it was made, how to use it
@@ -487,12 +637,14 @@ def model_card(checkpoint, cfg, kind, stock):
     lines = [f"# growcram {kind} model", "",
              f"A growcram Transformer, {what}, trained on a wall-clock budget (cramming, Geiping & "
              f"Goldstein 2022). Exported by growcram's export.py "
-             + ("as a stock GPT-2 model." if stock else
+             + (f"as a stock {stock} model." if stock else
                 "with its own modeling code (growcram_model.py, modeling_growcram.py)."), "",
              "## Use", "", "```python", *USAGE[kind].format(remote=remote).splitlines(), "```",
-             "", f"or `{auto}.from_pretrained(PATH{remote})` and "
-             f"`AutoTokenizer.from_pretrained(PATH{remote})` (AutoTokenizer reads config.json, "
-             "whose AutoConfig may be remote code).", "",
+             "", f"or `{auto}.from_pretrained(PATH{remote})`; AutoModel, "
+             "AutoModelForSequenceClassification and AutoModelForTokenClassification load it "
+             "too (a fresh head: pass num_labels). `AutoTokenizer.from_pretrained(PATH)` needs no "
+             "remote code: the tokenizer is a stock PreTrainedTokenizerFast, which cleans text as "
+             "the training data was cleaned.", "",
              "## Shape", "",
              f"{cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads, "
              f"ffn {cfg['ffn_dim']} ({cfg['activation']}), {cfg['norm_position']}-{cfg['norm']}, "
@@ -538,6 +690,12 @@ def load_exported(folder):
         state = load_file(weights)
         if doc.get("model_type") == "gpt2":
             state = from_gpt2(cfg, state)
+        elif doc.get("model_type") == "modernbert":
+            state = from_modernbert(cfg, state)
+        elif any(k.startswith(HF_PREFIX) for k in state):
+            # saved by transformers (save_pretrained after fine-tuning): the network is under the
+            # wrappers' attribute; a token classifier's layer beside it is not growcram's
+            state = {k[len(HF_PREFIX):]: t for k, t in state.items() if k.startswith(HF_PREFIX)}
         net = model.build_model(cfg)
         # strict loading: a file edited or written for another shape fails here, by name
         net.load_state_dict(plain_keys(state))

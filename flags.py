@@ -79,6 +79,10 @@ def add_model_flags(p):
     g.add_argument("--model", default="auto",
                    help=f"preset of model.py: {', '.join(model.PRESETS)}; auto: chosen from the "
                    "device and the budget (cramming's base for a GPU day, tiny for CPU minutes)")
+    g.add_argument("--arch", choices=list(model.ARCHITECTURES), default="crammed",
+                   help="architecture family: crammed (cramming's, with rotary positions) or "
+                   "modernbert (exactly transformers' ModernBertForMaskedLM, all layers global; "
+                   "export.py writes it as a stock model); the flags below override its keys")
     g.add_argument("--objective", choices=["mlm", "clm"], default="mlm",
                    help="masked LM encoder or causal LM decoder")
     for key in planning.SIZE_KEYS:
@@ -101,6 +105,12 @@ def add_model_flags(p):
                    help="RMS-normalize each head's queries and keys (default: off)")
     g.add_argument("--zero-init", choices=["on", "off"], default=None,
                    help="start the blocks' output projections at zero (default: off)")
+    g.add_argument("--first-attention-norm", choices=["on", "off"], default=None,
+                   help="the first block normalizes its attention input (default: on; "
+                   "--arch modernbert: off)")
+    g.add_argument("--head-transform", choices=["on", "off"], default=None,
+                   help="dense -> GELU -> norm before the MLM decoder, as BERT and ModernBERT "
+                   "(default: off, as cramming; --arch modernbert: on)")
     g.add_argument("--max-seq-len", type=int, default=None,
                    help="tokens per sequence (default: the preset's; cramming: 128)")
     # cramming masks 25%, not BERT's 15% (Devlin et al. 2019, Sec. 3.1): more predictions per

@@ -194,6 +194,9 @@ def check_growth(old, new, where="grow.py"):
                          f"{old['d_model'] // old['n_heads']} "
                          f"(got {new['d_model'] // new['n_heads']}); "
                          "widening heads changes the 1/sqrt(hd) attention scale")
+    if not old["first_attention_norm"] or old["head_transform"]:
+        raise ValueError(f"{where}: no growth rule for ModernBERT's first block (no attention "
+                         "norm) or for the MLM head transform; grow a crammed architecture")
     if old["num_labels"]:
         raise ValueError(f"{where}: grow the pretrained model before adding a classifier "
                          "(num_labels must be 0)")

@@ -29,6 +29,9 @@ Notable features (config key and default in brackets; each is explained again wh
   (Dao et al. 2022)
 - causal LM option [objective="clm"]: the GPT-style decoder that BigScience's ablations use
   (Le Scao et al. 2022)
+- ModernBERT's two differences [first_attention_norm=True, head_transform=False]: no attention
+  norm in the first block, and dense -> GELU -> norm before the MLM decoder (Warner et al. 2024);
+  make_config(arch="modernbert") sets both and is transformers' ModernBertForMaskedLM exactly
 
     import model
     cfg = model.make_config("base", vocab_size=32768)            # a plain dict, validated
@@ -70,6 +73,8 @@ DEFAULTS = {
     "embedding_norm": True,     # a norm right after the embedding (BLOOM's "embedding LayerNorm")
     "tie_embeddings": True,     # the output projection reuses the token embedding matrix
     "qk_norm": False,           # RMS-normalize each head's queries and keys before their product
+    "first_attention_norm": True,  # False: block 0 reads the embedding norm's output as it is
+    "head_transform": False,    # dense -> GELU -> norm between the final norm and the LM decoder
     "zero_init": False,         # the blocks' output projections (out, down) start at zero
     "dropout": 0.0,             # off in pretraining (cramming); evaluate_glue.py fine-tunes at 0.1
     "mask_rate": 0.25,          # share of tokens MLM predicts (cramming: 25%); in FLOP accounting
@@ -87,6 +92,18 @@ PRESETS = {
     "small": {"n_layers": 8, "d_model": 512, "n_heads": 8, "ffn_dim": 1024},
     "base": {},
     "large": {"n_layers": 24, "d_model": 1024, "n_heads": 16, "ffn_dim": 2048},
+}
+
+# Architectures: the keys that make a family, applied on top of a size preset (make_config's arch).
+# "modernbert" computes exactly what transformers' ModernBertForMaskedLM computes with every layer
+# global (Warner et al. 2024): rotary positions, no attention norm in the first block, and the MLM
+# head transform; export.py writes such a checkpoint as a stock "modernbert" model.
+ARCHITECTURES = {
+    "crammed": {},
+    "modernbert": {"positions": "rotary", "norm": "layernorm", "norm_position": "pre",
+                   "activation": "geglu", "bias": False, "embedding_norm": True,
+                   "tie_embeddings": True, "qk_norm": False, "first_attention_norm": False,
+                   "head_transform": True},
 }
 
 # Allowed values of the string-valued keys (train.py's flags offer the same lists).
@@ -116,7 +133,8 @@ def validate_config(cfg):
     for key, allowed in CHOICES.items():
         if cfg[key] not in allowed:
             raise ValueError(f"config key {key!r} must be one of {allowed}, got {cfg[key]!r}")
-    for key in ("bias", "embedding_norm", "tie_embeddings", "qk_norm", "zero_init"):
+    for key in ("bias", "embedding_norm", "tie_embeddings", "qk_norm", "zero_init",
+                "first_attention_norm", "head_transform"):
         if not isinstance(cfg[key], bool):
             raise ValueError(f"config key {key!r} must be true or false, got {cfg[key]!r}")
     if not isinstance(cfg["num_labels"], int) or cfg["num_labels"] < 0:
@@ -133,17 +151,23 @@ def validate_config(cfg):
     if cfg["d_model"] % cfg["n_heads"]:
         raise ValueError(f"config key 'n_heads' ({cfg['n_heads']}) must divide 'd_model' "
                          f"({cfg['d_model']})")
+    if not cfg["first_attention_norm"] and cfg["norm_position"] != "pre":
+        raise ValueError("config key 'first_attention_norm': false needs norm_position 'pre' (a "
+                         "post-LN block's first norm sits on the residual stream)")
     if cfg["positions"] == "rotary" and (cfg["d_model"] // cfg["n_heads"]) % 2:
         raise ValueError("config key 'positions': rotary needs an even head size (d_model / "
                          "n_heads)")
     return cfg
 
 
-def make_config(preset="base", **overrides):
-    """A validated config dict: the named preset, then the overrides on top."""
+def make_config(preset="base", arch="crammed", **overrides):
+    """A validated config dict: the named size preset, the architecture's keys, then the
+    overrides on top."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; choose from {', '.join(PRESETS)}")
-    return validate_config({**PRESETS[preset], **overrides})
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHITECTURES)}")
+    return validate_config({**PRESETS[preset], **ARCHITECTURES[arch], **overrides})
 
 
 # GLU variants (Shazeer 2020): the up-projection makes a gate and a value
@@ -247,13 +271,16 @@ class Block(nn.Module):
     connection, normalized before (pre-LN, Xiong et al. 2020) or after (post-LN, the original BERT)
     the residual add."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, attention_norm=True):
         super().__init__()
         d, f, bias = cfg["d_model"], cfg["ffn_dim"], cfg["bias"]
         self.n_heads, self.pre_norm = cfg["n_heads"], cfg["norm_position"] == "pre"
         self.activation, self.dropout = cfg["activation"], cfg["dropout"]
         self.qk_norm = cfg["qk_norm"]
-        self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
+        # ModernBERT's first block has no attention norm (an identity): its input is the embedding
+        # norm's output, already normalized (config first_attention_norm=False).
+        self.norm1 = make_norm(cfg) if attention_norm else nn.Identity()
+        self.norm2 = make_norm(cfg)
         self.qkv = nn.Linear(d, 3 * d, bias=bias)      # one matmul for queries, keys and values
         self.out = nn.Linear(d, d, bias=bias)
         # up makes f features, or 2f when gated (a gate and a value);
@@ -395,9 +422,15 @@ class Transformer(nn.Module):
         if cfg["positions"] == "alibi":
             self.register_buffer("slopes", alibi_slopes(cfg["n_heads"]), persistent=False)
         self.emb_norm = make_norm(cfg) if cfg["embedding_norm"] else None
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg["n_layers"]))
+        self.blocks = nn.ModuleList(Block(cfg, attention_norm=i > 0 or cfg["first_attention_norm"])
+                                    for i in range(cfg["n_layers"]))
         # A final norm after pre-LN blocks only: post-LN blocks end normalized.
         self.final_norm = make_norm(cfg) if cfg["norm_position"] == "pre" else None
+        # BERT's and ModernBERT's MLM head transform, dense -> GELU -> norm, before the decoder
+        # (config head_transform). cramming drops it (skip_head_transform), and so do we by default.
+        self.head_dense = self.head_norm = None
+        if cfg["head_transform"]:
+            self.head_dense, self.head_norm = nn.Linear(d, d, bias=cfg["bias"]), make_norm(cfg)
         # Tied (the default): no output matrix of its own, logits() multiplies by tok_emb.weight.
         self.lm_head = None if cfg["tie_embeddings"] else nn.Linear(d, V, bias=False)
         # The classification head exists only for fine-tuning (num_labels > 0), with BERT's biases.
@@ -494,11 +527,19 @@ class Transformer(nn.Module):
     # Heads: the language-model head (sparse for MLM) and the classification head.
     # cramming drops BERT's dense + GELU + LayerNorm transform before the output projection: the
     # final norm's output goes straight into the tied projection, with no decoder bias.
+    # head_transform=True keeps it (ModernBERT's); the decoder has no bias either way.
+
+    def transform(self, h):
+        """(..., d) -> (..., d): the MLM head transform, dense -> GELU -> norm, when the config has
+        one (head_transform); the identity otherwise."""
+        if self.head_dense is None:
+            return h
+        return self.head_norm(F.gelu(self.head_dense(h)))
 
     def logits(self, h):
         """(..., d) normalized hidden states -> (..., V) scores over the padded vocabulary."""
         weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight)                                  # h @ weight.T, weight: (V, d)
+        return F.linear(self.transform(h), weight)                  # h @ weight.T, weight: (V, d)
 
     def forward(self, input_ids, attention_mask=None, labels=None, label_positions=None,
                 position_ids=None):
@@ -523,8 +564,8 @@ class Transformer(nn.Module):
             # Training in bf16 on a CPU: the loss and its gradients without the (B*k, V) logits.
             weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
             dtype = torch.get_autocast_dtype("cpu")
-            loss = FusedCrossEntropy.apply(h.flatten(0, -2).to(dtype), weight.to(dtype),
-                                           labels.flatten())
+            loss = FusedCrossEntropy.apply(self.transform(h).flatten(0, -2).to(dtype),
+                                           weight.to(dtype), labels.flatten())
             return {"loss": loss, "logits": None}
         logits = self.logits(h)                                             # (B, k or T, V)
         loss = None
@@ -621,6 +662,9 @@ def count_params(cfg, embeddings=True):
     if cfg["bias"]:
         block += 3 * d + d + up_width(cfg) + d                         # qkv, out, up, down
     n = L * block
+    n -= 0 if cfg["first_attention_norm"] else _norm_params(cfg)      # ModernBERT's first block
+    if cfg["head_transform"]:                                         # dense (+ bias) and norm
+        n += d * d + (d if cfg["bias"] else 0) + _norm_params(cfg)
     # Outside the blocks: the embedding norm, the final norm (pre-LN only) and the sinusoids' scale.
     n += _norm_params(cfg) if cfg["embedding_norm"] else 0
     n += _norm_params(cfg) if cfg["norm_position"] == "pre" else 0     # the final norm
@@ -648,8 +692,10 @@ def flops_per_token(cfg, seq_len=None):
     # Per token and layer, q k^T and (weights) v are T * d multiply-adds each:
     # 4 T d forward FLOPs, x3 in training.
     attention = 12 * cfg["n_layers"] * T * cfg["d_model"]
-    # The output projection runs only on the predicted rows: sparse MLM's payoff, in one factor.
-    head = 6 * cfg["d_model"] * padded_vocab_size(cfg) * predicted
+    # The output projection runs only on the predicted rows: sparse MLM's payoff, in one factor
+    # (and so does the head transform's d x d matmul, when the config has one).
+    head_width = padded_vocab_size(cfg) + (cfg["d_model"] if cfg["head_transform"] else 0)
+    head = 6 * cfg["d_model"] * head_width * predicted
     return float(blocks + attention + head)
 
 

@@ -38,7 +38,8 @@ CRAMMING_BATCH = 8192 * 128  # cramming's final batch, 8192 x 128 tokens (train/
 SIZE_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim")
 CHOICE_KEYS = ("positions", "norm", "norm_position", "activation")
 # Model config keys that are true or false, each set by an on|off flag (--qk-norm on)
-ON_OFF_KEYS = ("embedding_norm", "tie_embeddings", "qk_norm", "zero_init")
+ON_OFF_KEYS = ("embedding_norm", "tie_embeddings", "qk_norm", "zero_init", "first_attention_norm",
+               "head_transform")
 
 
 def model_config(args, vocab_size):
@@ -46,11 +47,12 @@ def model_config(args, vocab_size):
     it; with --init-from, the weights' own config."""
     if args.init_from:  # continued pretraining: the shape is the weights', the masking the run's
         base = checkpoint.init_config(args.init_from)
-        return model.validate_config({**base, "mask_rate": args.mask_rate, "dropout": 0.0})
+        return model.validate_config({**base, "mask_rate": args.mask_rate, "dropout": 0.0,
+                                      "num_labels": 0})
     keys = SIZE_KEYS + CHOICE_KEYS
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     overrides.update({k: getattr(args, k) == "on" for k in ON_OFF_KEYS if getattr(args, k)})
-    return model.make_config(args.model, **overrides, vocab_size=vocab_size,
+    return model.make_config(args.model, arch=args.arch, **overrides, vocab_size=vocab_size,
                              max_seq_len=args.max_seq_len, objective=args.objective,
                              mask_rate=args.mask_rate, dropout=0.0)
 

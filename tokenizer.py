@@ -17,6 +17,7 @@ into another project on its own.
 import base64
 import json
 import os
+import unicodedata
 
 import tiktoken
 
@@ -140,6 +141,8 @@ def load_tokenizer(path):
         raise ValueError(f"tokenizer file not found: {path}") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a tokenizer file (invalid JSON: {e})") from None
+    if isinstance(doc, dict) and doc.get("format") is None and "model" in doc:
+        return _from_hf(doc, path)  # the Hugging Face tokenizer.json of an export
     if not isinstance(doc, dict) or doc.get("format") != TOKENIZER_FORMAT:
         raise ValueError(f"{path}: not a growcram tokenizer file "
                          f"(format field is not '{TOKENIZER_FORMAT}')")
@@ -170,13 +173,18 @@ HF_SPECIAL_NAMES = {"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[S
                     "mask_token": "[MASK]"}
 
 
-def save_hf_tokenizer(enc, folder, max_length=None):
+def save_hf_tokenizer(enc, folder, max_length=None, clean=None, causal=False):
     """folder/tokenizer.json, tokenizer_config.json and special_tokens_map.json: a fast tokenizer
     that AutoTokenizer.from_pretrained(folder) loads, with the ids of enc. tok(a) gives
-    [CLS] a [SEP] and tok(a, b) [CLS] a [SEP] b [SEP], as our models read text (loader.py,
-    evaluate_glue.py); add_special_tokens=False gives enc.encode_ordinary's ids.
-    Needs `tokenizers`. max_length: the model's positions, saved as model_max_length."""
-    tok = _hf_tokenizer(enc)
+    [CLS] a [SEP] and tok(a, b) [CLS] a [SEP] b [SEP], as our encoders read text (loader.py,
+    evaluate_glue.py); causal=True gives [SEP] a instead, a document's start in a decoder's
+    training stream; add_special_tokens=False gives enc.encode_ordinary's ids.
+    clean: data.clean_text's keyword arguments (meta.json's settings["clean"]): the tokenizer
+    normalizes text the same way first. Needs `tokenizers`. max_length: the model's positions,
+    saved as model_max_length."""
+    tok = _hf_tokenizer(enc, causal=causal)
+    if clean:
+        tok.normalizer = _hf_normalizer(**clean)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **HF_SPECIAL_NAMES,
               # our models have no segment embeddings, so no token_type_ids
               "model_input_names": ["input_ids", "attention_mask"],
@@ -192,7 +200,38 @@ def save_hf_tokenizer(enc, folder, max_length=None):
         _write_atomic(os.path.join(folder, name), json.dumps(doc, indent=1))
 
 
-def _hf_tokenizer(enc):
+def _hf_normalizer(normalize="NFC", lowercase=False, strip_accents=False):
+    """data.clean_text's steps, in its order, as a tokenizers normalizer (None: nothing to do)."""
+    from tokenizers import Regex, normalizers
+    forms = {"NFC": normalizers.NFC, "NFKC": normalizers.NFKC, "NFD": normalizers.NFD,
+             "NFKD": normalizers.NFKD}
+    steps = [forms[normalize]()] if normalize else []
+    if lowercase:
+        # per character, where str.lower also knows a word-final capital sigma becomes "ς"
+        steps.append(normalizers.Lowercase())
+    if strip_accents:
+        # clean_text: NFD, drop the combining marks, back to the chosen form. tokenizers'
+        # StripAccents drops a slightly different set (category Mn), so the marks are removed by
+        # the set clean_text uses: every character with a nonzero combining class
+        marks = normalizers.Replace(Regex(_combining_marks_class()), "")
+        steps += [normalizers.NFD(), marks, forms[normalize or "NFC"]()]
+    return normalizers.Sequence(steps) if steps else None
+
+
+def _combining_marks_class():
+    """A regex character class of every code point whose Unicode combining class is not 0
+    (unicodedata.combining, as data.clean_text's accent stripping tests), as ranges."""
+    marks = [c for c in range(0x110000) if unicodedata.combining(chr(c))]
+    ranges, start = [], marks[0]
+    for prev, c in zip(marks, marks[1:] + [None]):
+        if c != prev + 1:
+            ranges.append(f"\\x{{{start:x}}}-\\x{{{prev:x}}}" if prev > start
+                          else f"\\x{{{start:x}}}")
+            start = c
+    return "[" + "".join(ranges) + "]"
+
+
+def _hf_tokenizer(enc, causal=False):
     """enc as a tokenizers.Tokenizer: byte-level BPE, our split regex, our specials and ids."""
     from tokenizers import (
         AddedToken,
@@ -228,15 +267,43 @@ def _hf_tokenizer(enc):
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False, lstrip=s == "[MASK]")
                             for s in specials])
     cls, sep = ids["[CLS]"], ids["[SEP]"]
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:0 [SEP]:0",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    if causal:
+        # A decoder's training stream is documents joined by [SEP] (loader.py): a prompt starts
+        # after one, and ends where the text does, with nothing appended
+        tok.post_processor = processors.TemplateProcessing(
+            single="[SEP] $A", pair="[SEP] $A $B:0", special_tokens=[("[SEP]", sep)])
+    else:
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:0 [SEP]:0",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
     # a split pattern that Oniguruma reads differently from tiktoken's fancy-regex shows up here
     probe = "It's 2024: café, 日本語 🙂 ok?!\r\n\t  x 'LL  \u00a0\u3000y  \n b \r\n\n"
     if tok.encode(probe, add_special_tokens=False).ids != enc.encode_ordinary(probe):
         raise ValueError(f"{enc.name}: tokenizers splits text differently from tiktoken; "
                          f"supported: {HF_SUPPORTED}")
     return tok
+
+
+def _from_hf(doc, path):
+    """The tiktoken.Encoding back from a tokenizer.json that save_hf_tokenizer wrote (or that
+    transformers saved again after fine-tuning): a token's id is its rank, as written."""
+    try:
+        vocab = doc["model"]["vocab"]
+        specials = {t["content"]: int(t["id"]) for t in doc["added_tokens"] if t["special"]}
+        # the split regex is the first step of the pre-tokenizer sequence (_hf_tokenizer)
+        pattern = doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+        byte_of = {c: b for b, c in _byte_to_char().items()}
+        ranks = {bytes(byte_of[c] for c in token): int(i) for token, i in vocab.items()
+                 if token not in specials}
+        enc = tiktoken.Encoding("growcram-from-hf", pat_str=pattern, mergeable_ranks=ranks,
+                                special_tokens=specials)
+    except Exception as e:  # another kind of tokenizer (WordPiece, SentencePiece), or damaged
+        raise ValueError(f"{path}: not a tokenizer growcram's export wrote (byte-level BPE with "
+                         f"its split pattern; {type(e).__name__}: {e})") from None
+    missing = [s for s in SPECIAL_TOKENS if s not in enc.special_tokens_set]
+    if missing:
+        raise ValueError(f"{path}: no {' '.join(missing)}; not a growcram tokenizer")
+    return enc
 
 
 def _hf_vocab_and_merges(enc):

@@ -268,6 +268,12 @@ def test_growth_refuses_to_change_anything_but_sizes():
         grow.grow_model(perturbed_model(tiny()), tiny(positions="rotary", n_layers=4))
 
 
+@pytest.mark.parametrize("family", [{"first_attention_norm": False}, {"head_transform": True}])
+def test_growth_refuses_the_modernbert_family_it_has_no_rule_for(family):
+    with pytest.raises(ValueError, match="no growth rule for ModernBERT"):
+        grow.grow_model(perturbed_model(tiny(**family)), tiny(**family, n_layers=4))
+
+
 # --- the grown model is an ordinary model -----------------------------------------------
 
 def test_grown_config_is_that_of_a_fresh_model_and_round_trips(tmp_path):

@@ -248,8 +248,9 @@ def test_fused_cross_entropy_gives_the_loss_and_gradients_of_logits_plus_cross_e
     assert max((a - b).abs().max() for a, b in zip(grads, ref_grads)) < 1e-5
 
 
-def test_training_in_bf16_on_a_cpu_takes_the_fused_loss_and_matches_the_unfused_one():
-    net = seeded_model(tiny()).train()
+@pytest.mark.parametrize("arch", ["crammed", "modernbert"])
+def test_training_in_bf16_on_a_cpu_takes_the_fused_loss_and_matches_the_unfused_one(arch):
+    net = seeded_model(tiny(**model.ARCHITECTURES[arch])).train()
     x = tokens(B=4, T=16)
     positions = torch.stack([torch.randperm(16, generator=torch.Generator().manual_seed(i))[:4]
                              for i in range(4)])
@@ -322,6 +323,7 @@ ACCOUNTING_CASES = [
     {}, {"bias": True}, {"norm": "rmsnorm"}, {"activation": "gelu"}, {"positions": "learned"},
     {"tie_embeddings": False}, {"norm_position": "post", "embedding_norm": False},
     {"num_labels": 3}, {"objective": "clm", "positions": "rotary"},
+    {"first_attention_norm": False, "head_transform": True, "bias": True},
 ]
 
 
@@ -625,3 +627,26 @@ def test_command_line_errors_are_one_line(tmp_path, mlm, enc):
         model.main([str(tmp_path / "bare"), "a [MASK]"])
     with pytest.raises(SystemExit, match="^error: text 'no mask' has no \\[MASK\\] to fill$"):
         model.main([save_checkpoint(mlm, enc, tmp_path / "final"), "no mask"])
+
+
+def test_the_modernbert_architecture_is_two_config_values_on_top_of_a_size():
+    cfg = model.make_config("tiny", arch="modernbert")
+    assert cfg["positions"] == "rotary" and not cfg["first_attention_norm"]
+    assert cfg["head_transform"] and model.make_config("tiny")["head_transform"] is False
+    net = model.build_model(cfg)
+    # ModernBERT's first layer reads the embedding norm's output as it is; the others normalize
+    assert isinstance(net.blocks[0].norm1, torch.nn.Identity)
+    assert isinstance(net.blocks[1].norm1, torch.nn.LayerNorm)
+    assert "blocks.0.norm1.weight" not in net.state_dict()
+    # the head transform: dense -> GELU -> norm, then the tied decoder
+    h = torch.randn(3, cfg["d_model"])
+    want = F.linear(net.head_norm(F.gelu(net.head_dense(h))), net.tok_emb.weight)
+    assert torch.equal(net.logits(h), want)
+    # the head transform runs on the predicted rows only, as the decoder does
+    plain = model.flops_per_token({**cfg, "head_transform": False})
+    extra = 6 * cfg["d_model"] ** 2 * cfg["mask_rate"]
+    assert model.flops_per_token(cfg) == pytest.approx(plain + extra)
+    with pytest.raises(ValueError, match="first_attention_norm.*norm_position 'pre'"):
+        model.validate_config({**cfg, "norm_position": "post"})
+    with pytest.raises(ValueError, match="unknown architecture 'bert'"):
+        model.make_config("tiny", arch="bert")

@@ -184,3 +184,56 @@ def test_a_split_pattern_that_tokenizers_reads_differently_is_a_one_line_error(t
     with pytest.raises(ValueError, match="growcram: tokenizers splits text differently") as e:
         tokenizer.save_hf_tokenizer(enc, str(tmp_path / "hf"))
     assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "hf")
+
+
+# ------------------------------------------------------------- cleaning, causal, and reading back
+
+@pytest.mark.parametrize("clean", [
+    {"normalize": "NFC"},
+    {"normalize": "NFC", "lowercase": True},
+    {"normalize": "NFKC", "strip_accents": True},
+    {"normalize": "NFC", "lowercase": True, "strip_accents": True},
+], ids=["nfc", "lowercase", "nfkc-strip-accents", "all"])
+def test_the_tokenizer_cleans_any_text_as_the_data_pipeline_does(unusual_enc, tmp_path, clean):
+    """ids through transformers == ids of data.clean_text then our tokenizer, on text that is not
+    clean: decomposed accents, capitals, compatibility characters, random code points."""
+    tokenizer.save_hf_tokenizer(unusual_enc, str(tmp_path), clean=clean)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    texts = ["Cafe\u0301 nai\u0308ve re\u0301sume\u0301", "ÅNGSTRÖM Straße ﬁ ① Ｆｕｌｌ",
+             *UNUSUAL, *[random_text(seed, 1000) for seed in range(5)]]
+    if clean.get("lowercase"):
+        # the one known difference: str.lower turns a word-final capital sigma into "ς",
+        # tokenizers' Lowercase works character by character ("σ")
+        texts = [t.replace("Σ", "") for t in texts]
+    for text in texts:
+        want = unusual_enc.encode_ordinary(data.clean_text(text, **clean)[0])
+        assert tok(text, add_special_tokens=False)["input_ids"] == want, text[:40]
+    # the specials are never cleaned: [MASK] stays our mask id under lowercasing
+    assert tok("[MASK]", add_special_tokens=False)["input_ids"] == \
+        [tokenizer.special_ids(unusual_enc)["mask"]]
+
+
+def test_a_causal_tokenizer_starts_with_sep_and_appends_nothing(sample, tmp_path):
+    enc, _, _ = sample
+    tokenizer.save_hf_tokenizer(enc, str(tmp_path), causal=True)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    sep = tokenizer.special_ids(enc)["sep"]
+    assert tok("to be or not")["input_ids"] == [sep, *enc.encode_ordinary("to be or not")]
+
+
+def test_the_hugging_face_file_reads_back_as_the_same_tokenizer(unusual_enc, tmp_path):
+    """transformers' save_pretrained keeps tokenizer.json; load_tokenizer reads it back, so a
+    fine-tuned folder trains and evaluates in growcram with the ids it was trained on."""
+    tokenizer.save_hf_tokenizer(unusual_enc, str(tmp_path / "hf"))
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"), local_files_only=True)
+    tok.save_pretrained(str(tmp_path / "again"))
+    back = tokenizer.load_tokenizer(str(tmp_path / "again" / "tokenizer.json"))
+    assert back.n_vocab == unusual_enc.n_vocab
+    assert tokenizer.special_ids(back) == tokenizer.special_ids(unusual_enc)
+    for text in [*UNUSUAL, random_text(7)]:
+        assert back.encode_ordinary(text) == unusual_enc.encode_ordinary(text)
+    # another model's tokenizer.json is a one-line error naming the file
+    (tmp_path / "wordpiece.json").write_text(json.dumps({"model": {"type": "WordPiece",
+                                                                   "vocab": {"a": 0}}}))
+    with pytest.raises(ValueError, match="wordpiece.json: not a tokenizer growcram's export"):
+        tokenizer.load_tokenizer(str(tmp_path / "wordpiece.json"))

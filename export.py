@@ -472,6 +472,9 @@ def modernbert_config(cfg, ids):
             "mlp_bias": cfg["bias"], "classifier_bias": cfg["bias"], "decoder_bias": False,
             "layer_types": ["full_attention"] * cfg["n_layers"],
             "rope_parameters": {"full_attention": rope, "sliding_attention": dict(rope)},
+            # the same in transformers 4.x's spelling, which reads these three instead
+            "global_attn_every_n_layers": 1, "global_rope_theta": 10000.0,
+            "local_rope_theta": 10000.0,
             "embedding_dropout": cfg["dropout"], "attention_dropout": cfg["dropout"],
             "mlp_dropout": cfg["dropout"], "classifier_pooling": cfg["pooling"],
             "tie_word_embeddings": True, "pad_token_id": ids.get("pad"),

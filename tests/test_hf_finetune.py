@@ -86,6 +86,10 @@ def test_every_auto_class_loads_one_masked_lm_export(mlm):
             expected = torch.nn.functional.mse_loss(result.logits.squeeze(-1), labels) if n == 1 \
                 else torch.nn.functional.cross_entropy(result.logits, labels)
             assert result.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+        # ModernBERT's name for the pooling chooses ours: the mean of the real tokens
+        mean = AutoModelForSequenceClassification.from_pretrained(
+            out, num_labels=2, classifier_pooling="mean", **REMOTE)
+        assert mean.growcram.config["pooling"] == "mean" and mean.config.growcram["num_labels"] == 2
         tagger = AutoModelForTokenClassification.from_pretrained(out, num_labels=5, **REMOTE)
         tags = torch.where(real, 1, -100)
         result = tagger.eval()(**inputs, labels=tags)

@@ -190,8 +190,10 @@ def mean_over_ranks(value, world):
 # Memory: what each rank holds
 
 def is_out_of_memory(error):
-    """CUDA's torch.OutOfMemoryError, or MPS's RuntimeError that says it ran out of memory."""
-    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error)
+    """CUDA's torch.OutOfMemoryError, MPS's RuntimeError that says it ran out of memory, or the CPU
+    allocator's ("DefaultCPUAllocator: can't allocate memory ... Error code 12")."""
+    return (isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error)
+            or "can't allocate memory" in str(error))
 
 
 def free_memory(device):

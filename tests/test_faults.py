@@ -7,6 +7,8 @@ evaluation), and each test fails without the behaviour it checks.
 import errno
 import itertools
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -88,6 +90,25 @@ def test_other_runtime_errors_in_a_step_are_not_taken_for_out_of_memory(sample_c
     monkeypatch.setattr(train, "train_step", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         run(sample_cache, tmp_path, "--max-steps", "2")
+
+
+def test_the_cpu_allocators_real_failure_is_recognised_as_out_of_memory():
+    """Not a staged error: a child process under an address-space limit (RLIMIT_AS) asks
+    torch's CPU allocator for more than the limit allows, and the RuntimeError it really raises
+    ("DefaultCPUAllocator: can't allocate memory") is what parallel.is_out_of_memory sees."""
+    child = (
+        "import resource, torch, parallel\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))\n"
+        "try:\n"
+        "    torch.empty(4 * 2**30)  # 16 GiB of float32 under an 8 GiB address space\n"
+        "except RuntimeError as e:\n"
+        "    print(parallel.is_out_of_memory(e), str(e).splitlines()[0][:200])\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", child], cwd=root, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-500:]
+    recognised, message = done.stdout.split(" ", 1)
+    assert "can't allocate memory" in message and recognised == "True"
 
 
 # --- a full disk: the checkpoint is lost, the previous one and the run are not ----------------

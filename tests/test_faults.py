@@ -55,6 +55,31 @@ def test_out_of_memory_backs_off_to_the_weights_of_the_smaller_micro_batch(sampl
     assert saved["micro_batch"] == 1
 
 
+def test_out_of_memory_after_a_backward_pass_drops_that_steps_gradients(sample_cache, tmp_path,
+                                                                         monkeypatch):
+    """The error comes when the step reads its second micro-batch: the first one's forward and
+    backward are done, so the failed step has gradients. The retried step must not add them in
+    (back_off's zero_grad): the weights are bitwise those of a run at the smaller micro-batch."""
+    real = train.train_step
+
+    def step(net, optimizer, micro_batches, **options):
+        def reading():
+            for i, batch in enumerate(micro_batches):
+                if i == 1 and batch["input_ids"].shape[0] > 2:
+                    assert any(p.grad is not None for p in net.parameters())  # really after one
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                yield batch
+        return real(net, optimizer, reading(), **options)
+    flags = ["--max-steps", "6", "--batch-ramp", "0"]
+    run(sample_cache, tmp_path / "small", *flags, "--micro-batch", "2")
+    monkeypatch.setattr(train, "train_step", step)
+    summary = run(sample_cache, tmp_path / "big", *flags, "--micro-batch", "4")
+    backs = [r for r in read_log(tmp_path / "big") if r["kind"] == "back_off"]
+    assert summary["steps"] == 6 and [(r["step"], r["micro_batch"]) for r in backs] == [(0, 2)]
+    a, b = weights(tmp_path / "small" / "final"), weights(tmp_path / "big" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_growth_stage_that_no_longer_fits_backs_off_again(sample_cache, tmp_path, monkeypatch):
     real = train.train_step
 

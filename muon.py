@@ -103,6 +103,8 @@ def adamw_update(p, grad, state, group):
     """One AdamW step (Loshchilov & Hutter 2019), as torch.optim.AdamW takes it."""
     lr, (b1, b2) = group["lr"], group["betas"]
     if "step" not in state:
+        # on the CPU whatever p's device, as torch.optim.AdamW keeps it (not fused, not capturable),
+        # and Optimizer.load_state_dict leaves "step" where it is: .item() below is no device sync
         state["step"] = torch.zeros((), dtype=torch.float32)
         state["exp_avg"] = torch.zeros_like(p)
         state["exp_avg_sq"] = torch.zeros_like(p)

@@ -174,7 +174,15 @@ def load_init(path):
         weights, config = ckpt["model"], ckpt["config"]
         folder = os.path.join(folder, "final")
     else:
-        net = load_folder(path)
+        weight_files = ("model.pt", "model.safetensors")
+        if not any(os.path.isfile(os.path.join(path, name)) for name in weight_files):
+            raise SystemExit(f"error: --init-from {path}: no model.pt, model.safetensors or "
+                             "checkpoint.pt there (a Distributed Checkpoint folder: use a finished "
+                             "run's final/)")
+        try:
+            net = load_folder(path)
+        except ValueError as e:
+            raise SystemExit(f"error: --init-from {e}") from None
         weights, config = net.state_dict(), net.config
     if config["num_labels"]:  # a fine-tuned classifier: continued pretraining leaves its head out
         weights = {k: t for k, t in weights.items() if not k.startswith(("pooler.", "classifier."))}
@@ -187,21 +195,14 @@ def load_init(path):
 
 
 def load_folder(path):
-    """The plain model in model.py's folder (model.pt) or in one export.py wrote
-    (model.safetensors); a one-line error for anything else."""
-    if os.path.isfile(os.path.join(path, "model.pt")):
-        load = model.load_model
-    elif os.path.isfile(os.path.join(path, "model.safetensors")):
+    """The plain model, on the CPU, in model.py's folder (model.pt) or in one that export.py or
+    transformers' save_pretrained wrote (model.safetensors); a one-line ValueError naming the file
+    otherwise (load_init, evaluate_glue.py --checkpoint)."""
+    exported = os.path.isfile(os.path.join(path, "model.safetensors"))
+    if exported and not os.path.isfile(os.path.join(path, "model.pt")):
         import export  # only here: export.py needs safetensors, which training does not
-        load = export.load_exported
-    else:
-        raise SystemExit(f"error: --init-from {path}: no model.pt, model.safetensors or "
-                         "checkpoint.pt there (a Distributed Checkpoint folder: use a finished "
-                         "run's final/)")
-    try:
-        return load(path)
-    except ValueError as e:
-        raise SystemExit(f"error: --init-from {e}") from None
+        return export.load_exported(path)
+    return model.load_model(path)
 
 
 def is_our_tokenizer(path):
@@ -222,7 +223,8 @@ def init_config(path):
         with open(config_json) as f:
             found = json.load(f)
         if os.path.isfile(os.path.join(path, "model.pt")) or "growcram" in found:
-            return model.validate_config(found.get("growcram", found))
+            # as load_init: continued pretraining leaves a classifier's head out
+            return model.validate_config({**found.get("growcram", found), "num_labels": 0})
     return load_init(path)["config"]  # a checkpoint.pt, or a stock GPT-2 export: read the weights
 
 

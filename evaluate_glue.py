@@ -41,6 +41,7 @@ import download
 import files
 import model
 import tokenizer
+from checkpoint import load_folder
 
 csv.field_size_limit(1 << 24)  # a few MNLI/QQP fields are long; the default 128 KiB limit is close
 
@@ -727,16 +728,6 @@ def random_init_copy(trunk, seed):
     return fresh.to(trunk.tok_emb.weight.device)
 
 
-def load_trunk(folder, device):
-    """The pretrained model in folder: model.py's (model.pt), or one that export.py or
-    transformers' save_pretrained wrote (model.safetensors)."""
-    exported = os.path.isfile(os.path.join(folder, "model.safetensors"))
-    if exported and not os.path.isfile(os.path.join(folder, "model.pt")):
-        import export  # only here: it needs safetensors, which fine-tuning does not
-        return export.load_exported(folder).to(device)
-    return model.load_model(folder, device=device)
-
-
 def evaluate(checkpoint, tasks=None, settings=None):
     """Fine-tune `checkpoint` (train.py's final/, or a folder export.py or transformers'
     save_pretrained wrote) on each task settings["seeds"] times. settings: the keys of DEFAULTS
@@ -758,7 +749,7 @@ def evaluate(checkpoint, tasks=None, settings=None):
     tok_path = os.path.join(checkpoint, "tokenizer.json")
     enc = tokenizer.load_tokenizer(tok_path)
     ids = tokenizer.special_ids(enc)
-    trunk = load_trunk(checkpoint, device)
+    trunk = load_folder(checkpoint).to(device)  # train.py's final/, or an exported folder
     cfg = trunk.config
     if enc.n_vocab > model.padded_vocab_size(cfg):
         raise ValueError(f"{tok_path}: {enc.n_vocab} tokens but the model embeds only "

@@ -487,11 +487,12 @@ def modernbert_weights(state):
     return {modernbert_name(k): t for k, t in state.items()}
 
 
-def from_modernbert(cfg, weights):
-    """The inverse of modernbert_weights: our state dict, for every tensor growcram's config has.
-    A folder transformers saved from a ModernBERT classifier gives its trunk and its head's
-    dense -> GELU -> norm; the classifier layer is not growcram's and is left out."""
-    names = {modernbert_name(k): k for k in model.build_model(cfg).state_dict()}
+def from_modernbert(ours, weights):
+    """The inverse of modernbert_weights: our state dict, for every name in ours (the names of the
+    network it loads into). A folder transformers saved from a ModernBERT classifier gives its
+    trunk and its head's dense -> GELU -> norm; the classifier layer is not growcram's and is left
+    out."""
+    names = {modernbert_name(k): k for k in ours}
     return {names[k]: t for k, t in weights.items() if k in names}
 
 
@@ -691,15 +692,15 @@ def load_exported(folder):
     try:
         cfg = model.validate_config(doc["growcram"])
         state = load_file(weights)
+        net = model.build_model(cfg)
         if doc.get("model_type") == "gpt2":
             state = from_gpt2(cfg, state)
         elif doc.get("model_type") == "modernbert":
-            state = from_modernbert(cfg, state)
+            state = from_modernbert(net.state_dict(), state)
         elif any(k.startswith(HF_PREFIX) for k in state):
             # saved by transformers (save_pretrained after fine-tuning): the network is under the
             # wrappers' attribute; a token classifier's layer beside it is not growcram's
             state = {k[len(HF_PREFIX):]: t for k, t in state.items() if k.startswith(HF_PREFIX)}
-        net = model.build_model(cfg)
         # strict loading: a file edited or written for another shape fails here, by name
         net.load_state_dict(plain_keys(state))
     except Exception as e:

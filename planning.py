@@ -47,8 +47,7 @@ def model_config(args, vocab_size):
     it; with --init-from, the weights' own config."""
     if args.init_from:  # continued pretraining: the shape is the weights', the masking the run's
         base = checkpoint.init_config(args.init_from)
-        return model.validate_config({**base, "mask_rate": args.mask_rate, "dropout": 0.0,
-                                      "num_labels": 0})
+        return model.validate_config({**base, "mask_rate": args.mask_rate, "dropout": 0.0})
     keys = SIZE_KEYS + CHOICE_KEYS
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     overrides.update({k: getattr(args, k) == "on" for k in ON_OFF_KEYS if getattr(args, k)})

@@ -68,7 +68,7 @@ def train(args, budget_was=None):
     out, clock = Output(args.out, args.shard, rank), budget.Budget(args)
     meta, enc, stages = start_run(args, hw, out, ckpt=ckpt, budget_was=budget_was)
     net, optimizer, loader, state = build(args, hw, out, meta, stages, ckpt=ckpt, init=init)
-    held_out = HeldOut(args, hw, meta, clock)
+    held_out = HeldOut(args, hw, meta, clock, out)
     start_clock(clock, state, net, held_out, out, args, resumed=ckpt is not None,
                 budget_was=budget_was)
     describe_run(net, args, hw, clock, out, stages)
@@ -95,6 +95,7 @@ def train(args, budget_was=None):
                                    args.batch_ramp)
         lr = learning_rate(args, state, p)
         position = loader.state_dict()  # where a retry of this step starts reading
+        had_state = set(optimizer.state)  # a retry drops the optimizer state this step made
         try:
             step = train_step(
                 net, optimizer, (loader.next_batch(B, T) for _ in range(accum)),
@@ -104,8 +105,8 @@ def train(args, budget_was=None):
                 stop_early=functools.partial(budget.ends_past_deadline, clock, state,
                                              hw.device, hw.world))
         except RuntimeError as error:  # out of memory: halve the micro-batch, retry the step
-            back_off(error, net, optimizer, loader, position, state=state, args=args, hw=hw,
-                     out=out)  # or re-raise
+            back_off(error, net, optimizer, loader, position, had_state, state=state, args=args,
+                     hw=hw, out=out)  # or re-raise
             continue
         # ---- a non-finite loss made no update; too many in a row end the run
         if step["skipped"]:
@@ -297,11 +298,21 @@ def grow_now(net, optimizer, p, why, *, state, stages, args, hw, held_out, out):
     # (Net2Net, bert2BERT) changes it by float noise only, while a sequence-length step also
     # changes the task.
     loss_before = held_out.evaluate(net)["val_loss"]
-    plain, optimizer, event = grow.apply_stage(
-        model.unwrap(net), optimizer, stages[state.stage],
-        lambda m: make_optimizer(m, args, hw),
-        {"noise": args.grow_noise, "seed": args.seed, "policy": args.grow_optimizer,
-         "new_moments": args.grow_moments})
+    try:  # while it grows, both models and both optimizers are in memory
+        plain, optimizer, event = grow.apply_stage(
+            model.unwrap(net), optimizer, stages[state.stage],
+            lambda m: make_optimizer(m, args, hw),
+            {"noise": args.grow_noise, "seed": args.seed, "policy": args.grow_optimizer,
+             "new_moments": args.grow_moments})
+    except RuntimeError as error:
+        if not parallel.is_out_of_memory(error):
+            raise
+        # A smaller micro-batch frees nothing here (no activation is held): a new run must
+        # make room. The last checkpoint is from before this stage.
+        raise out_of_memory_exit(
+            f"growing to {grow.describe(stages[state.stage]['config'])} at step {state.step} "
+            f"(the last checkpoint, {out.ckpt_path}, is from before it)",
+            stages[state.stage]["config"], args, hw) from None
     # compile and DDP must see the new shapes: wrap the grown model again
     net = parallel.wrap(plain.to(hw.device).train(), args, hw.device, hw.world)
     loss_after = held_out.evaluate(net)["val_loss"]
@@ -314,31 +325,41 @@ def grow_now(net, optimizer, p, why, *, state, stages, args, hw, held_out, out):
     return net, optimizer
 
 
-def back_off(error, net, optimizer, loader, position, *, state, args, hw, out):
-    """Out of memory in a step (CUDA's or MPS's): free what the step held, halve the micro-batch
-    (the accumulation doubles, so the global batch stays), rewind the loader to position (where the
-    step started reading), log it, and let the loop retry the same step: the run goes on as if it
-    had started with the smaller micro-batch. Any other error is raised again."""
+def back_off(error, net, optimizer, loader, position, had_state, *, state, args, hw, out):
+    """Out of memory anywhere in a step (forward, backward, clipping, the optimizer's update;
+    CUDA's, MPS's or the CPU allocator's error): free what the step held, halve the micro-batch (the
+    accumulation doubles, so the global batch stays), rewind the loader to position (where the
+    step started reading), drop the optimizer state the step created (had_state: the parameters
+    that had state before it), log it, and let the loop retry the same step: the run goes on as
+    if it had started with the smaller micro-batch. Any other error is raised again."""
     if not parallel.is_out_of_memory(error):
         raise error
     optimizer.zero_grad(set_to_none=True)  # the half-accumulated gradients of the failed step
     parallel.free_memory(hw.device)
-    B, cfg = state.micro_batch, model.unwrap(net).config
+    for p in set(optimizer.state) - had_state:  # created by the failed step: made anew
+        del optimizer.state[p]
+    B = state.micro_batch
     # One sequence that does not fit has nothing left to halve. Several ranks would have to agree
     # on the retry inside their collectives: there the error ends the run too.
     if B == 1 or hw.world > 1:
-        need = parallel.memory_per_rank(cfg, hw.world, args.shard)["total"]
-        raise SystemExit(f"error: out of memory at micro-batch {B} on {hw.device}: the model has "
-                         f"{model.count_params(cfg) / 1e6:.1f} M parameters, which need "
-                         f"{need / 1e9:.2f} GB per rank for weights, gradients and AdamW before "
-                         "any activation; try --checkpoint-activations, --shard fsdp, --dtype "
-                         "bf16 or a smaller --model") from None
+        raise out_of_memory_exit(f"at micro-batch {B}", model.unwrap(net).config, args,
+                                 hw) from None
     state.micro_batch = B // 2
     loader.load_state_dict(position)
     out.log({"kind": "back_off", "step": state.step, "micro_batch": state.micro_batch,
              "error": str(error).splitlines()[0][:200]})
     out.say(f"out of memory at step {state.step + 1}: micro-batch {B} -> {state.micro_batch} "
             "sequences, twice the accumulation: the same global batch; retrying the step")
+
+
+def out_of_memory_exit(where, cfg, args, hw):
+    """The one-line error when halving cannot help: what ran out, and what the model needs."""
+    need = parallel.memory_per_rank(cfg, hw.world, args.shard)["total"]
+    return SystemExit(f"error: out of memory {where} on {hw.device}: the model has "
+                      f"{model.count_params(cfg) / 1e6:.1f} M parameters, which need "
+                      f"{need / 1e9:.2f} GB per rank for weights, gradients and AdamW before any "
+                      "activation; try --checkpoint-activations, --shard fsdp, --dtype bf16 or a "
+                      "smaller --model")
 
 
 def checkpoint_due(args, state, last_ckpt):
@@ -630,12 +651,14 @@ def describe_run(net, args, hw, clock, out, stages):
 class HeldOut:
     """The held-out loss, on the same --eval-batches batches every time (read in order with a
     fixed seed: the same masks in every run, so curves compare), at the model's sequence length,
-    averaged over ranks. A corpus mixture evaluates each source's own val split."""
+    averaged over ranks. A corpus mixture evaluates each source's own val split. Out of memory in
+    an evaluation halves its own micro-batch: the same sequences, in more forward passes."""
 
-    def __init__(self, args, hw, meta, clock):
-        self.args, self.hw, self.meta, self.clock = args, hw, meta, clock
+    def __init__(self, args, hw, meta, clock, out):
+        self.args, self.hw, self.meta, self.clock, self.out = args, hw, meta, clock, out
         self.batches = {}     # {sequence length: {source: [batch]}}, read on first use
         self.seconds = None   # seconds per held-out batch, the last measured
+        self.micro_batch = args.micro_batch  # sequences per forward pass, halved on out of memory
 
     def read(self, source, T):
         """--eval-batches batches of source's val split (source None: the one corpus)."""
@@ -646,12 +669,19 @@ class HeldOut:
                              source=source)
         return [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
 
-    @torch.no_grad()
     def evaluate(self, net, within_budget=False):
         """{"val_loss": the mean held-out loss}; for a mixture, val_loss is the mean weighted by
         the mixture and "val_loss_by_source" has each. within_budget: stop before a batch that
         would end past the wall-clock deadline ("eval_batches" then says how many ran; None if
         not one fits)."""
+        while True:
+            try:
+                return self.evaluate_once(net, within_budget)
+            except RuntimeError as error:  # out of memory: halve the micro-batch, start again
+                self.back_off(error, model.unwrap(net).config)
+
+    @torch.no_grad()
+    def evaluate_once(self, net, within_budget):
         plain, args, hw = model.unwrap(net), self.args, self.hw
         T = plain.config["max_seq_len"]
         names = [s["name"] for s in self.meta.get("sources", [])] or [None]  # None: one corpus
@@ -661,14 +691,16 @@ class HeldOut:
         plain.eval()  # no dropout; eager and outside DDP (under FSDP: the sharded module itself)
         total = torch.zeros(len(names), device=hw.device)
         amp, started, n = parallel.autocast(hw.device, hw.dtype), time.time(), args.eval_batches
-        for j in range(args.eval_batches):  # batch j of every source, so a cut keeps them even
-            if within_budget and not self.batch_fits((time.time() - started) / max(j, 1)):
-                n = j
-                break
-            for i, name in enumerate(names):
-                with amp():
-                    total[i] += plain(**self.batches[T][name][j])["loss"].float()
-        plain.train(was_training)
+        try:
+            for j in range(args.eval_batches):  # batch j of every source: a cut keeps them even
+                if within_budget and not self.batch_fits((time.time() - started) / max(j, 1)):
+                    n = j
+                    break
+                for i, name in enumerate(names):
+                    with amp():
+                        total[i] += self.batch_loss(plain, self.batches[T][name][j])
+        finally:
+            plain.train(was_training)
         self.seconds = (time.time() - started) / max(n, 1)  # per batch: the next cut's estimate
         if n == 0:
             return None
@@ -680,6 +712,38 @@ class HeldOut:
             return {"val_loss": losses[0], **cut}
         weighted = sum(s["weight"] * loss for s, loss in zip(self.meta["sources"], losses))
         return {"val_loss": weighted, "val_loss_by_source": dict(zip(names, losses)), **cut}
+
+    def batch_loss(self, plain, batch):
+        """The mean loss over one held-out batch's predicted tokens, in forward passes of
+        self.micro_batch sequences: each piece's mean weighted by its share of the predicted
+        tokens, so the result is the whole batch's mean however it is cut."""
+        B = batch["input_ids"].shape[0]
+        if self.micro_batch >= B:
+            return plain(**batch)["loss"].float()
+        counted = (batch["labels"] != -100).sum()  # labels (B, T) or MLM's (B, k); -100: none
+        loss = 0.0
+        for start in range(0, B, self.micro_batch):
+            piece = {k: v[start:start + self.micro_batch] for k, v in batch.items()}
+            share = (piece["labels"] != -100).sum() / counted
+            loss = loss + plain(**piece)["loss"].float() * share
+        return loss
+
+    def back_off(self, error, cfg):
+        """Out of memory in an evaluation: free what it held and halve its micro-batch (the
+        training step's is not touched: a step that fits keeps its size). Any other error is
+        raised again; one sequence that does not fit, or several ranks (their collectives would
+        have to agree on the retry), end the run with one line."""
+        if not parallel.is_out_of_memory(error):
+            raise error
+        if self.micro_batch == 1 or self.hw.world > 1:
+            raise out_of_memory_exit(f"evaluating at micro-batch {self.micro_batch}", cfg,
+                                     self.args, self.hw) from None
+        parallel.free_memory(self.hw.device)
+        before, self.micro_batch = self.micro_batch, self.micro_batch // 2
+        self.out.log({"kind": "back_off", "evaluation": True, "micro_batch": self.micro_batch,
+                      "error": str(error).splitlines()[0][:200]})
+        self.out.say(f"out of memory in an evaluation: micro-batch {before} -> "
+                     f"{self.micro_batch} sequences; evaluating again")
 
     def batch_fits(self, seconds):
         """Would one more held-out batch (seconds: as long as this evaluation's so far, or the

@@ -6,6 +6,7 @@ evaluation), and each test fails without the behaviour it checks.
 """
 import errno
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import checkpoint
 import files
 import model
 import train
-from conftest import read_log
+from conftest import ROOT, read_log
 from test_train import run, weights
 
 # --- out of memory: halve the micro-batch, keep the global batch, retry the step ---------------
@@ -117,6 +118,81 @@ def test_other_runtime_errors_in_a_step_are_not_taken_for_out_of_memory(sample_c
         run(sample_cache, tmp_path, "--max-steps", "2")
 
 
+def test_out_of_memory_while_the_optimizer_creates_its_moments_drops_them_and_retries(
+        sample_cache, tmp_path, monkeypatch):
+    """The first optimizer.step() allocates AdamW's moments, the classic place a GPU run dies.
+    The error comes after some parameters have their state and before the others do: the retry
+    must not find half-made state (torch would raise KeyError), and the run is bitwise the one
+    that started at the smaller micro-batch."""
+    real_zeros_like, calls = torch.zeros_like, []
+
+    def dies_in_the_first_update(optimizer):
+        real_step = optimizer.step
+
+        def step(*args, **kwargs):
+            def zeros_like(*a, **k):
+                calls.append(1)
+                if len(calls) == 5:  # two parameters' moments made, the third's half
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                return real_zeros_like(*a, **k)
+            monkeypatch.setattr(torch, "zeros_like", zeros_like)
+            try:
+                return real_step(*args, **kwargs)
+            finally:
+                monkeypatch.setattr(torch, "zeros_like", real_zeros_like)
+        optimizer.step = step
+        return optimizer
+    real_make = train.make_optimizer
+    flags = ["--max-steps", "6", "--batch-ramp", "0", "--optimizer", "adamw"]
+    run(sample_cache, tmp_path / "small", *flags, "--micro-batch", "2")
+    monkeypatch.setattr(train, "make_optimizer",
+                        lambda net, args, hw: dies_in_the_first_update(real_make(net, args, hw)))
+    summary = run(sample_cache, tmp_path / "big", *flags, "--micro-batch", "4")
+    backs = [r for r in read_log(tmp_path / "big") if r["kind"] == "back_off"]
+    assert len(calls) > 5 and [(r["step"], r["micro_batch"]) for r in backs] == [(0, 2)]
+    assert summary["steps"] == 6
+    a, b = weights(tmp_path / "small" / "final"), weights(tmp_path / "big" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_out_of_memory_in_an_evaluation_halves_its_own_batch_and_gives_the_same_loss(
+        sample_cache, tmp_path, monkeypatch):
+    """Held-out forward passes of more than 2 sequences run out of memory: the evaluation cuts
+    each held-out batch into halves, weighted by their predicted tokens, so every held-out loss
+    is the one an undisturbed run logs; training keeps its micro-batch of 4."""
+    flags = ["--max-steps", "6", "--batch-ramp", "0", "--eval-every", "0.5", "--eval-batches", "3"]
+    run(sample_cache, tmp_path / "calm", *flags)
+    real = model.Transformer.forward
+
+    def out_of_memory_when_evaluating_more_than_2(self, input_ids, *args, **kwargs):
+        if not self.training and input_ids.shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, input_ids, *args, **kwargs)
+    monkeypatch.setattr(model.Transformer, "forward", out_of_memory_when_evaluating_more_than_2)
+    run(sample_cache, tmp_path / "tight", *flags)
+    calm, tight = read_log(tmp_path / "calm"), read_log(tmp_path / "tight")
+    backs = [r for r in tight if r["kind"] == "back_off"]
+    assert [(r.get("evaluation"), r["micro_batch"]) for r in backs] == [(True, 2)]  # once only
+    losses = [[r["val_loss"] for r in log if r["kind"] == "eval"] for log in (calm, tight)]
+    assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-5)
+    a, b = weights(tmp_path / "calm" / "final"), weights(tmp_path / "tight" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the training steps were not touched
+
+
+def test_out_of_memory_while_growing_is_one_line_naming_the_stage_and_the_checkpoint(
+        sample_cache, tmp_path, monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(train.grow, "grow_model", out_of_memory)
+    with pytest.raises(SystemExit) as stop:
+        run(sample_cache, tmp_path, "--max-steps", "10", "--batch-ramp", "0",
+            "--checkpoint-steps", "4", "--grow", "0:n_layers=1; 0.5:n_layers=2")
+    line = str(stop.value.code)
+    assert line.startswith("error: out of memory growing to ") and "\n" not in line
+    assert "at step 5" in line and "checkpoint.pt" in line and "GB per rank" in line
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["step"] == 4
+
+
 def test_the_cpu_allocators_real_failure_is_recognised_as_out_of_memory():
     """Not a staged error: a child process under an address-space limit (RLIMIT_AS) asks
     torch's CPU allocator for more than the limit allows, and the RuntimeError it really raises
@@ -134,6 +210,43 @@ def test_the_cpu_allocators_real_failure_is_recognised_as_out_of_memory():
     assert done.returncode == 0, done.stderr[-500:]
     recognised, message = done.stdout.split(" ", 1)
     assert "can't allocate memory" in message and recognised == "True"
+
+
+def test_a_run_under_a_real_memory_limit_backs_off_and_keeps_its_global_batch(sample_cache,
+                                                                              tmp_path):
+    """Not a staged error: train.py runs in a child process whose address space is limited
+    (RLIMIT_AS). The limit is 200 MB above what the same run needs at micro-batch 8 (measured
+    first, as VmPeak), so micro-batch 1024 (activations of 131,072 tokens) cannot fit: the
+    allocator really fails, in the step-0 evaluation and in the step, and the run halves both
+    until they fit and finishes with one step of the global batch it was given."""
+    child = (
+        "import os, resource, sys, train\n"
+        "limit = int(sys.argv[1]) * 2**20\n"
+        "if limit:\n"
+        "    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+        "train.main(sys.argv[2:])\n"
+        "peak = [line for line in open('/proc/self/status') if line.startswith('VmPeak')]\n"
+        "print('VmPeak', int(peak[0].split()[1]) // 1024)\n")
+    flags = ["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "128",
+             "--batch-tokens", "131072", "--batch-ramp", "0", "--max-steps", "1",
+             "--eval-batches", "1", "--dtype", "fp32", "--cache", sample_cache]
+
+    def train_in_child(limit_mb, out, micro_batch):
+        done = subprocess.run([sys.executable, "-c", child, str(limit_mb), *flags, "--out",
+                               str(out), "--micro-batch", str(micro_batch)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-1000:] + done.stderr[-1000:]
+        return int(done.stdout.split("VmPeak")[-1])
+    needs = train_in_child(0, tmp_path / "small", micro_batch=8)
+    train_in_child(needs + 200, tmp_path / "big", micro_batch=1024)
+    log = read_log(tmp_path / "big")
+    backs = [r for r in log if r["kind"] == "back_off"]
+    assert any(r.get("evaluation") for r in backs) and any("step" in r for r in backs)
+    assert all("can't allocate memory" in r["error"] for r in backs)  # the CPU allocator's own
+    summary = json.loads((tmp_path / "big" / "summary.json").read_text())
+    assert summary["status"] == "budget spent" and summary["tokens"] == 131072
+    saved = torch.load(tmp_path / "big" / "checkpoint.pt", weights_only=False)["state"]
+    assert 8 <= saved["micro_batch"] < 1024
 
 
 # --- a full disk: the checkpoint is lost, the previous one and the run are not ----------------

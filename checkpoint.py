@@ -14,6 +14,8 @@ shards that every rank writes with PyTorch's Distributed Checkpoint (FSDP, where
 slice), resumable on any number of ranks. Both are written beside the old one and renamed over it,
 so OUT always holds one whole checkpoint.
 """
+import contextlib
+import errno
 import functools
 import json
 import os
@@ -74,10 +76,29 @@ def save_shards(folder, net, optimizer, extra, rank):
     if rank == 0 and os.path.exists(tmp):
         shutil.rmtree(tmp)                  # a save cut short by a kill
     dist.barrier()
-    dcp.save({"model": weights, "optimizer": moments}, checkpoint_id=tmp)
+    try:
+        dcp.save({"model": weights, "optimizer": moments}, checkpoint_id=tmp)
+    except dcp.api.CheckpointException as e:  # DCP hands every rank all ranks' failures
+        full = [error for error, _ in e.failures.values()
+                if isinstance(error, OSError) and error.errno == errno.ENOSPC]
+        if not full:
+            raise
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # every rank has stopped writing
+        raise full[0] from None
+    written = [True]
     if rank == 0:
-        torch.save(extra, os.path.join(tmp, "run.pt"))
-    dist.barrier()                          # every rank's shards are on disk
+        try:  # unbuffered, so that a full disk is torch.save's OSError, not "unexpected pos"
+            with open(os.path.join(tmp, "run.pt"), "wb", buffering=0) as f:
+                torch.save(extra, f)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            written = [False]
+    dist.broadcast_object_list(written, src=0)  # after it, every rank's shards are on disk
+    if not written[0]:  # all ranks raise together, so all go on training together
+        raise OSError(errno.ENOSPC, "No space left on device", os.path.join(tmp, "run.pt"))
     if rank == 0:
         if os.path.exists(folder):
             os.replace(folder, old)         # a folder cannot be renamed over a full one
@@ -281,6 +302,14 @@ def truncate_log(path, log_bytes):
 
 def append_log(path, record):
     """One JSON line: log.jsonl grows by whole records, and truncate_log can cut it at
-    a record's end."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    a record's end. A write that fails (a full disk) is cut off again, so no half line stays."""
+    line = memoryview((json.dumps(record) + "\n").encode())
+    with open(path, "ab", buffering=0) as f:
+        end = f.tell()  # opened to append: the file's size
+        try:
+            while line:  # an unbuffered write may take only part of it
+                line = line[f.write(line):]
+        except OSError:
+            with contextlib.suppress(OSError):  # a device such as /dev/full has no size to cut
+                f.truncate(end)
+            raise

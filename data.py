@@ -122,21 +122,42 @@ def prepare_data(data="sample", cache_dir="cache", settings=None, progress=True)
     characters), "gpt2"/"cl100k_base" (stock tiktoken + our specials) or a tokenizer.json path. The
     val split stops growing at max_val_tokens. The result is cached under a key of all settings and
     the files' sizes and mtimes: the same settings again return it ("reused": True). The folder
-    appears by one atomic rename, so a failed run leaves no partial shard or tokenizer."""
+    appears by one atomic rename, so a failed run leaves no partial shard or tokenizer, and two
+    processes may prepare it at once. A failed run removes only what it made (the folders it
+    created, if empty): another run's entries and finished downloads stay."""
     unknown = sorted(set(settings or {}) - set(DEFAULTS))
     if unknown:  # a misspelled key would otherwise be ignored in silence
         raise ValueError(f"unknown data setting {unknown[0]!r}; valid: {', '.join(DEFAULTS)}")
     opts = {**DEFAULTS, **(settings or {}), "progress": progress}  # every key, in one dict
     _check_settings(cache_dir, opts)
-    created = not os.path.exists(cache_dir)
+    made = [folder for folder in _folders_for(data, cache_dir) if not os.path.exists(folder)]
     try:
         return _prepare(data, cache_dir, opts)
     except BaseException:
-        # A preparation that fails leaves no trace: the entry is built in a temporary folder, and
-        # a cache folder this call created goes too, so the next try starts from the same state
-        if created:
-            shutil.rmtree(cache_dir, ignore_errors=True)
+        # A failed preparation removes what it made and nothing more. Its entry was built in a
+        # temporary folder, gone already (_build_once). The folders it created go only if empty:
+        # another process may have finished an entry in them meanwhile, and a finished download
+        # (or a .partial one, which resumes) is kept for the next try.
+        _remove_if_empty(made)
         raise
+
+
+def _folders_for(data, cache_dir):
+    """The folders preparing data may create, deepest first: each FineWeb-2 language's download
+    folder, fineweb2/, fineweb/ and cache_dir itself."""
+    entries = [entry.strip().split(":") for entry in data.split(",")]  # loosely, as downloads()
+    langs = sorted({e[1] for e in entries if e[0] == "fineweb2" and len(e) > 1
+                    and FINEWEB2_LANG.fullmatch(e[1])})
+    fineweb2 = os.path.join(cache_dir, "fineweb2")
+    return [os.path.join(fineweb2, lang) for lang in langs] + \
+        [fineweb2, os.path.join(cache_dir, "fineweb"), cache_dir]
+
+
+def _remove_if_empty(folders):
+    for folder in folders:
+        # os.rmdir, not shutil.rmtree: it refuses a folder that holds anything, someone's work
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 def _prepare(data, cache_dir, opts):
@@ -253,7 +274,9 @@ def _prepare_into(tmp, files, data, keyed, opts):
     """Tokenizer + shards + meta.json into the folder tmp."""
     texts = _training_texts(files, keyed["clean"], keyed["tokenizer_chars"])
     enc = _make_tokenizer(texts, keyed, opts["tokenizer"])
-    save_tokenizer(enc, os.path.join(tmp, "tokenizer.json"))  # first: the workers load it there
+    path = os.path.join(tmp, "tokenizer.json")
+    with _naming_the_file(path):
+        save_tokenizer(enc, path)  # first: the workers load it there
     splits, report = _write_shards(tmp, files, enc, keyed, opts)
     _check_kept(data, splits, report)
     meta = _meta(keyed, enc, report, splits)
@@ -272,7 +295,22 @@ def _meta(settings, enc, report, splits):
 
 def _write_json(path, doc):
     # meta.json is written last: its presence is what marks a folder as finished
-    atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
+    with _naming_the_file(path):
+        atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
+
+
+@contextlib.contextmanager
+def _naming_the_file(path):
+    """Writes to path inside fail with one line that names the file and what the cache kept. The
+    operating system's own error for a failed write, a full disk's ENOSPC above all, names no file:
+    "[Errno 28] No space left on device" alone does not say which disk."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:  # open()'s errors name their file already
+            raise
+        raise OSError(e.errno, f"{e.strerror} writing {path}; the cache keeps only finished "
+                      "entries, so nothing of this one was kept") from None
 
 
 def _itemsize(enc):  # bytes per token in the shards: uint16 when the ids fit
@@ -582,19 +620,24 @@ def _write_shards(tmp, files, enc, settings, opts, prefix=""):
                 sp["files"].append(f"{prefix}{split}_{len(sp['files']):05d}.bin")
                 sp["f"], sp["n"] = open(os.path.join(tmp, sp["files"][-1]), "wb"), 0
                 sp["f"].write(bytes(SHARD_HEADER.size))
-            sp["f"].write(toks.astype(f"<u{itemsize}", copy=False).tobytes() + sep)
+            with _naming_the_file(sp["f"].name):
+                sp["f"].write(toks.astype(f"<u{itemsize}", copy=False).tobytes() + sep)
             sp["n"] += toks.size + 1
             sp["tokens"] += toks.size + 1
             sp["documents"] += 1
             if sp["n"] >= settings["shard_tokens"]:
-                close_shard(sp, itemsize)
+                with _naming_the_file(sp["f"].name):  # closing flushes the last tokens
+                    close_shard(sp, itemsize)
         for sp in splits.values():
             if sp["f"] is not None:
-                close_shard(sp, itemsize)
-    finally:  # on error: close what is open; prepare_data deletes the whole folder
+                with _naming_the_file(sp["f"].name):
+                    close_shard(sp, itemsize)
+    finally:  # on error: close what is open; _build_once deletes the whole temporary folder
         for sp in splits.values():
             if sp["f"] is not None:
-                sp["f"].close()
+                # closing flushes what a full disk refused: that error is the one raised already
+                with contextlib.suppress(OSError):
+                    sp["f"].close()
     report["invalid_utf8"] = dict(_UTF8["replaced"])
     return splits, report
 
@@ -714,7 +757,9 @@ def _prepare_mixture_into(tmp, sources, settings, opts):
     texts = _mixture_training_texts(sources, weights, sizes, settings["clean"],
                                     settings["tokenizer_chars"])
     enc = _make_tokenizer(texts, settings, opts["tokenizer"])
-    save_tokenizer(enc, os.path.join(tmp, "tokenizer.json"))
+    path = os.path.join(tmp, "tokenizer.json")
+    with _naming_the_file(path):
+        save_tokenizer(enc, path)
     entries, reports = [], []
     for s, weight, size in zip(sources, weights, sizes):
         os.makedirs(os.path.join(tmp, s["name"]))

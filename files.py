@@ -21,7 +21,9 @@ def atomic_write(path, write):
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
                                prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        # Unbuffered: torch.save reports a write that fails (a full disk) as the OSError it is only
+        # when the file hands the error straight back; through a buffer it says "unexpected pos".
+        with os.fdopen(fd, "wb", buffering=0) as f:
             write(f)
         os.replace(tmp, path)
     finally:

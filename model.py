@@ -720,7 +720,9 @@ def save_model(model, folder):
     # copied out alone, and does the same here in a few lines.
     tmp = os.path.join(folder, f"save_model.{os.getpid()}.tmp")
     try:
-        torch.save(state, tmp)
+        # an unbuffered file: a full disk then raises its own OSError (ENOSPC) from torch.save
+        with open(tmp, "wb", buffering=0) as f:
+            torch.save(state, f)
         os.replace(tmp, os.path.join(folder, "model.pt"))
         with open(tmp, "wb") as f:
             f.write(json.dumps(model.config, indent=2).encode())

@@ -137,10 +137,12 @@ def train(args, budget_was=None):
     # and an evaluation that dies loses nothing), then the final evaluation, export and summary
     if status == "diverged":
         stop_diverged(net, optimizer, state, args, meta, out)  # exits with status 1
-    save_checkpoint(net, optimizer, loader, state, clock=clock, out=out)
+    saved = save_checkpoint(net, optimizer, loader, state, clock=clock, out=out,
+                            then=f"the run {'stops' if status == 'preempted' else 'finishes'}")
     if status == "preempted":
-        out.say(f"stopped by signal at step {state.step}: checkpoint saved to {out.ckpt_path}; "
-                "continue with --resume")
+        if saved:
+            out.say(f"stopped by signal at step {state.step}: checkpoint saved to "
+                    f"{out.ckpt_path}; continue with --resume")
         return {"status": status, **asdict(state)}
     return finish(net, loader, state, status, args=args, hw=hw, held_out=held_out, meta=meta,
                   enc=enc, out=out)
@@ -398,6 +400,7 @@ class Output:
         self.folder, self.rank = folder, rank
         self.log_path = os.path.join(folder, "log.jsonl")
         self.ckpt_path = checkpoint.path_in(folder, shard)
+        self.lost = 0  # log records a full disk did not take
 
     def say(self, *text):
         """Print on rank 0 only, through tqdm so that a line never breaks the progress bar."""
@@ -405,9 +408,20 @@ class Output:
             tqdm.write(" ".join(map(str, text)))
 
     def log(self, record):
-        """Append one record (a dict) to log.jsonl."""
-        if self.rank == 0:
+        """Append one record (a dict) to log.jsonl. A full disk loses the record, not the run:
+        the first says so, and summary.json counts them (log_records_lost)."""
+        if self.rank != 0:
+            return
+        try:
             checkpoint.append_log(self.log_path, record)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            self.lost += 1
+            if self.lost == 1:
+                self.say(f"warning: {self.log_path}: no space left on device: this record and "
+                         "any other the full disk refuses are not logged (summary.json counts "
+                         "them); training goes on")
 
 
 @dataclass
@@ -496,11 +510,21 @@ def start_run(args, hw, out, *, ckpt, budget_was):
     if hw.rank == 0:
         os.makedirs(args.out, exist_ok=True)
         if ckpt is None or budget_was:  # a resume saves its extended budget
-            files.atomic_write(os.path.join(args.out, "args.json"),
-                               lambda f: f.write(json.dumps(vars(args), indent=2).encode()))
+            write_args(args, os.path.join(args.out, "args.json"))
         if ckpt is not None:
             checkpoint.truncate_log(out.log_path, ckpt["state"]["log_bytes"])
     return meta, tokenizer.load_tokenizer(meta["tokenizer"]), stages
+
+
+def write_args(args, path):
+    """args.json: the settings --resume reads back. A full disk here is one line, before any
+    training."""
+    try:
+        files.atomic_write(path, lambda f: f.write(json.dumps(vars(args), indent=2).encode()))
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        raise SystemExit(f"error: {path}: no space left on device; nothing was trained") from None
 
 
 def prepare_interruptible(args, hw):
@@ -604,6 +628,10 @@ def start_clock(clock, state, net, held_out, out, args, *, resumed, budget_was):
     if not resumed:
         return
     p = clock.progress(state.step, state.tokens, state.elapsed)
+    if p >= 1.0 and not os.path.exists(os.path.join(out.folder, "summary.json")):
+        out.say("the budget is spent but the run did not finish (summary.json, written last, is "
+                "missing): the final evaluation, final/ and summary.json are written now")
+        return
     if p >= 1.0:
         raise SystemExit(f"error: {out.ckpt_path} has spent its budget "
                          f"({clock.left(state.step, state.tokens, state.elapsed)} left); give a "
@@ -845,11 +873,12 @@ class Progress:
         self.bar.close()
 
 
-def save_checkpoint(net, optimizer, loader, state, *, clock, out):
-    """Save the run with rank 0's state. Every rank calls it: under FSDP every rank writes its
-    shards. A full disk costs this checkpoint, not the run: the previous one stays whole (each is
-    written beside it and renamed over it), a warning says so, and training goes on, since
-    stopping would lose the steps since the last checkpoint just the same."""
+def save_checkpoint(net, optimizer, loader, state, *, clock, out, then="training goes on"):
+    """Save the run with rank 0's state; True if it was saved. Every rank calls it: under FSDP
+    every rank writes its shards. A full disk costs this checkpoint, not the run: the previous
+    one stays whole (each is written beside it and renamed over it), a warning says so and what
+    happens `then`, and training goes on, since stopping would lose the steps since the last
+    checkpoint just the same."""
     state.elapsed = clock.elapsed()
     if out.rank == 0:  # resume cuts log.jsonl back to this size
         state.log_bytes = os.path.getsize(out.log_path) if os.path.exists(out.log_path) else 0
@@ -859,7 +888,9 @@ def save_checkpoint(net, optimizer, loader, state, *, clock, out):
         if e.errno != errno.ENOSPC:
             raise
         out.say(f"warning: {out.ckpt_path}: no space left on device at step {state.step}: this "
-                "checkpoint is not saved, the previous one is intact; training goes on")
+                f"checkpoint is not saved, the previous one is intact; {then}")
+        return False
+    return True
 
 
 def save_final(net, meta, out):
@@ -874,7 +905,8 @@ def save_final(net, meta, out):
         if e.errno != errno.ENOSPC:
             raise
         raise SystemExit(f"error: {folder}: no space left on device; the trained weights are in "
-                         f"{out.ckpt_path}: free some space, then export them from there") from None
+                         f"{out.ckpt_path}: free some space, then `python train.py --resume --out "
+                         f"{out.folder}` writes final/ from it") from None
 
 
 def stop_diverged(net, optimizer, state, args, meta, out):
@@ -904,13 +936,34 @@ def finish(net, loader, state, status, *, args, hw, held_out, meta, enc, out):
     log_eval(out, state, 1.0, losses, elapsed=state.elapsed)
     summary["final"] = save_final(net, meta, out)
     sample = samples(net, enc, args, hw.rank)
+    if out.lost:
+        summary["log_records_lost"] = out.lost
     if hw.rank == 0:
-        summary["plot"] = scaling.plot_losses(out.log_path, os.path.join(args.out, "loss.png"))
+        summary["plot"] = plot_losses(out)
         print(sample)
-        files.atomic_write(os.path.join(args.out, "summary.json"),
-                           lambda f: f.write(json.dumps(summary, indent=2).encode()))
         print(summary_text(summary))
+        path = os.path.join(args.out, "summary.json")
+        try:
+            files.atomic_write(path, lambda f: f.write(json.dumps(summary, indent=2).encode()))
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            raise SystemExit(f"error: {path}: no space left on device; the summary is printed "
+                             f"above, final/ and {out.ckpt_path} are whole: free some space, then "
+                             f"`python train.py --resume --out {out.folder}` writes it") from None
     return summary
+
+
+def plot_losses(out):
+    """OUT/loss.png (scaling.plot_losses), or None: a full disk costs the plot and a warning."""
+    path = os.path.join(out.folder, "loss.png")
+    try:
+        return scaling.plot_losses(out.log_path, path)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        out.say(f"warning: {path}: no space left on device; the plot is not saved")
+        return None
 
 
 def run_summary(state, status, val, cfg, *, args, hw, meta):

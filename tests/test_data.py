@@ -828,7 +828,23 @@ def test_offline_download_error_is_one_line_naming_the_alternatives(tmp_path, mo
                           {"fineweb_url": f"http://127.0.0.1:{port}"}, progress=False)
     msg = str(e.value)
     assert "offline" in msg and "--data sample" in msg and "--data PATH" in msg and "\n" not in msg
-    assert not any(f.endswith(".parquet") for f in os.listdir(tmp_path / "fineweb"))
+    assert os.listdir(tmp_path) == []  # not even the fineweb/ folder it made: it stayed empty
+
+
+def test_a_failed_preparation_keeps_its_finished_download_for_the_retry(server, tmp_path):
+    """The download is whole (it landed by rename); the preparation then fails on a damaged
+    tokenizer file. The retry prepares from the file on disk: the server is asked once."""
+    root, url, handler = server
+    write_parquet(root / "shard_00000.parquet", make_docs(10))
+    (tmp_path / "tok.json").write_text("{}")
+    settings = {"vocab_size": 320, "fineweb_url": url, "workers": 1}
+    cache = str(tmp_path / "cache")
+    with pytest.raises(ValueError, match="tok.json"):
+        data.prepare_data("fineweb", cache, {**settings, "tokenizer": str(tmp_path / "tok.json")},
+                          progress=False)
+    meta = data.prepare_data("fineweb", cache, settings, progress=False)
+    assert meta["report"]["documents_in"] == 10
+    assert handler.log == [("/shard_00000.parquet", None)]
 
 
 def test_fineweb_shard_count_follows_the_token_budget():

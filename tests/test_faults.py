@@ -10,13 +10,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 import torch
 
 import checkpoint
-import files
 import model
 import train
 from conftest import ROOT, read_log
@@ -249,45 +249,49 @@ def test_a_run_under_a_real_memory_limit_backs_off_and_keeps_its_global_batch(sa
     assert 8 <= saved["micro_batch"] < 1024
 
 
-# --- a full disk: the checkpoint is lost, the previous one and the run are not ----------------
+# --- a full disk: each write fails with the operating system's own ENOSPC --------------------
+# /dev/full takes no byte: every write to it fails with errno 28, as on a disk that is full. The
+# tests choose which of the run's files is written there; the error, and how it travels through
+# Python's file objects, torch.save and Distributed Checkpoint, is the real one.
 
-def disk_full_for(monkeypatch, name, after):
-    """files.atomic_write fails with ENOSPC, halfway through writing, for paths ending in name
-    once `after` of them have been written."""
-    real, seen = files.atomic_write, []
+def full_disk_for(monkeypatch, name, after=0):
+    """files.atomic_write's temporary file for path `name` writes to /dev/full once `after` such
+    files have been written: the temporary file exists (and must be removed), its bytes go to
+    /dev/full."""
+    real, seen = tempfile.mkstemp, []
 
-    def write(path, fill):
-        if str(path).endswith(name):
+    def mkstemp(*args, prefix="", **kwargs):
+        fd, path = real(*args, prefix=prefix, **kwargs)
+        if prefix == name + ".":
             seen.append(path)
             if len(seen) > after:
-                def half(f):
-                    f.write(b"partial")
-                    raise OSError(errno.ENOSPC, "No space left on device")
-                return real(path, half)
-        return real(path, fill)
-    monkeypatch.setattr(files, "atomic_write", write)
+                os.close(fd)
+                fd = os.open("/dev/full", os.O_WRONLY)
+        return fd, path
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
 
 
-def disk_full_in(monkeypatch, folder):
-    """torch.save fails with ENOSPC, halfway through writing, for files in folder: model.save_model
-    writes model.pt with torch.save itself (model.py imports nothing of the project, so not
-    files.atomic_write)."""
-    real = torch.save
+def full_disk_for_final(monkeypatch):
+    """model.save_model's temporary file in final/ (save_model.<pid>.tmp) is a link to /dev/full."""
+    real = checkpoint.save_final
 
-    def save(obj, f, *args, **kwargs):
-        # a path, not an open file: files.atomic_write hands torch.save its temporary file
-        path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
-        if path and os.path.abspath(os.path.dirname(path)) == os.path.abspath(folder):
-            with open(f, "wb") as half:
-                half.write(b"partial")
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(obj, f, *args, **kwargs)
-    monkeypatch.setattr(torch, "save", save)
+    def save_final(folder, *args, **kwargs):
+        os.makedirs(folder, exist_ok=True)
+        os.symlink("/dev/full", os.path.join(folder, f"save_model.{os.getpid()}.tmp"))
+        return real(folder, *args, **kwargs)
+    monkeypatch.setattr(checkpoint, "save_final", save_final)
+
+
+def test_dev_full_fails_a_torch_save_with_enospc():
+    with pytest.raises(OSError) as failed:
+        with open("/dev/full", "wb", buffering=0) as f:
+            torch.save({"w": torch.zeros(1000)}, f)
+    assert failed.value.errno == errno.ENOSPC  # through torch.save: unbuffered, the OS's error
 
 
 def test_a_full_disk_costs_a_checkpoint_not_the_run_or_the_previous_checkpoint(
         sample_cache, tmp_path, monkeypatch, capsys):
-    disk_full_for(monkeypatch, "checkpoint.pt", after=1)  # the save at step 4 works, later ones not
+    full_disk_for(monkeypatch, "checkpoint.pt", after=1)  # the save at step 4 works, later not
     summary = run(sample_cache, tmp_path, "--max-steps", "12", "--checkpoint-steps", "4")
     assert summary["status"] == "budget spent" and summary["steps"] == 12
     assert os.path.isfile(tmp_path / "final" / "model.pt")
@@ -298,14 +302,107 @@ def test_a_full_disk_costs_a_checkpoint_not_the_run_or_the_previous_checkpoint(
     assert "no space left on device at step 8" in out and "the previous one is intact" in out
 
 
-def test_a_full_disk_when_writing_the_final_model_is_one_line(sample_cache, tmp_path, monkeypatch):
-    disk_full_in(monkeypatch, tmp_path / "final")
+def test_a_full_disk_costs_a_sharded_checkpoint_not_the_run(sample_cache, tmp_path, monkeypatch,
+                                                          capsys):
+    """FSDP's Distributed Checkpoint: rank 0's shard file is a link to /dev/full from the second
+    save on. DCP gathers every rank's failure; the run goes on and the first save stays whole."""
+    real, saves = checkpoint.dcp.save, []
+
+    def save(state, checkpoint_id):
+        saves.append(checkpoint_id)
+        if len(saves) > 1:
+            os.makedirs(checkpoint_id, exist_ok=True)
+            os.symlink("/dev/full", os.path.join(checkpoint_id, "__0_0.distcp"))
+        return real(state, checkpoint_id=checkpoint_id)
+    monkeypatch.setattr(checkpoint.dcp, "save", save)
+    summary = run(sample_cache, tmp_path, "--max-steps", "8", "--checkpoint-steps", "4",
+                  "--shard", "fsdp", "--device", "cpu")
+    assert summary["status"] == "budget spent" and len(saves) == 3  # step 4; step 8 twice
+    kept = checkpoint.load(str(tmp_path / "checkpoint.dcp"))
+    assert kept["state"]["step"] == 4
+    assert sorted(os.listdir(tmp_path / "checkpoint.dcp")) == [
+        ".metadata", "__0_0.distcp", "run.pt"]
+    assert not os.path.exists(tmp_path / "checkpoint.dcp.tmp")  # the failed one is gone
+    assert "checkpoint.dcp: no space left on device at step 8" in capsys.readouterr().out
+
+
+def test_a_full_disk_at_preemption_says_the_checkpoint_was_not_saved_and_nothing_else(
+        sample_cache, tmp_path, monkeypatch, capsys):
+    real = train.parallel.agree_on_clock
+
+    def signal_after_3_steps(elapsed, signals, device, world):
+        elapsed, stop = real(elapsed, signals, device, world)
+        return elapsed, stop or len([r for r in read_log(tmp_path) if r["kind"] == "train"]) >= 3
+    monkeypatch.setattr(train.parallel, "agree_on_clock", signal_after_3_steps)
+    full_disk_for(monkeypatch, "checkpoint.pt")
+    result = run(sample_cache, tmp_path, "--max-steps", "10")
+    out = capsys.readouterr().out
+    assert result["status"] == "preempted" and result["step"] == 3
+    assert "no space left on device at step 3" in out and "the run stops" in out
+    assert "stopped by signal" not in out and "training goes on" not in out
+
+
+def test_a_full_disk_when_writing_the_final_model_is_one_line_and_resume_finishes_it(
+        sample_cache, tmp_path, monkeypatch):
+    full_disk_for_final(monkeypatch)
     with pytest.raises(SystemExit) as stop:
         run(sample_cache, tmp_path, "--max-steps", "3")
     line = str(stop.value.code)
-    assert "no space left on device" in line and "checkpoint.pt" in line and "\n" not in line
-    assert not [f for f in os.listdir(tmp_path / "final") if f.endswith(".tmp")]
+    assert "final: no space left on device" in line and "checkpoint.pt" in line
+    assert "--resume" in line and "\n" not in line
+    assert os.listdir(tmp_path / "final") == []  # the temporary file is gone, nothing half-made
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["step"] == 3
+    monkeypatch.undo()  # space was freed: the advice, followed
+    summary = train.main(["--resume", "--out", str(tmp_path)])
+    assert summary["steps"] == 3 and os.path.isfile(tmp_path / "final" / "model.pt")
+    evals = [r["progress"] for r in read_log(tmp_path) if r["kind"] == "eval"]
+    assert evals.count(1.0) == 1  # the final evaluation once: resume cut the first one's record
+    with pytest.raises(SystemExit, match="has spent its budget"):  # finished now
+        train.main(["--resume", "--out", str(tmp_path)])
+
+
+def test_a_full_disk_for_the_log_loses_records_not_the_run(sample_cache, tmp_path, monkeypatch,
+                                                           capsys):
+    real = train.Output.__init__
+
+    def log_to_dev_full(self, folder, shard, rank):
+        real(self, folder, shard, rank)
+        self.log_path = str(tmp_path / "full.jsonl")
+        os.symlink("/dev/full", self.log_path)
+    run(sample_cache, tmp_path / "calm", "--max-steps", "4")
+    monkeypatch.setattr(train.Output, "__init__", log_to_dev_full)
+    # /dev/full reads as endless zero bytes, a log no disk holds: the plot does not read it
+    monkeypatch.setattr(train.scaling, "plot_losses", lambda log_path, png_path: None)
+    summary = run(sample_cache, tmp_path / "full", "--max-steps", "4")
+    assert summary["status"] == "budget spent" and os.path.isfile(tmp_path / "full" / "final" /
+                                                                     "model.pt")
+    assert summary["log_records_lost"] == len(read_log(tmp_path / "calm"))  # every one
+    assert capsys.readouterr().out.count("full.jsonl: no space left on device") == 1
+
+
+def test_a_full_disk_for_the_plot_and_the_summary(sample_cache, tmp_path, monkeypatch, capsys):
+    full_disk_for(monkeypatch, "loss.png")
+    summary = run(sample_cache, tmp_path / "a", "--max-steps", "3")
+    assert summary["plot"] is None and not os.path.exists(tmp_path / "a" / "loss.png")
+    assert "loss.png: no space left on device; the plot is not saved" in capsys.readouterr().out
+    monkeypatch.undo()
+    full_disk_for(monkeypatch, "summary.json")
+    with pytest.raises(SystemExit) as stop:
+        run(sample_cache, tmp_path / "b", "--max-steps", "3")
+    line = str(stop.value.code)
+    assert "summary.json: no space left on device" in line and "\n" not in line
+    assert "final_val_loss" in capsys.readouterr().out  # printed before the error
+    assert sorted(os.listdir(tmp_path / "b")) == ["args.json", "checkpoint.pt", "final",
+                                                  "log.jsonl", "loss.png"]
+
+
+def test_a_full_disk_before_training_is_one_line(sample_cache, tmp_path, monkeypatch):
+    full_disk_for(monkeypatch, "args.json")
+    with pytest.raises(SystemExit) as stop:
+        run(sample_cache, tmp_path, "--max-steps", "3")
+    assert str(stop.value.code) == (f"error: {tmp_path / 'args.json'}: no space left on device; "
+                                    "nothing was trained")
+    assert os.listdir(tmp_path) == []
 
 
 def test_the_checkpoint_is_written_before_an_evaluation_that_dies(sample_cache, tmp_path,

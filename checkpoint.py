@@ -39,11 +39,19 @@ import tokenizer
 # A run's files in OUT. Never replaced silently: a new run refuses, --force removes them
 KEPT_FILES = ("checkpoint.pt", "checkpoint.dcp", "log.jsonl", "summary.json", "final")
 RUN_FILES = (*KEPT_FILES, "loss.png", "args.json", "checkpoint.dcp.tmp", "checkpoint.dcp.old")
+# ... and in OUT/final (save_model: model.save_model's temporary file, save_model.<pid>.tmp)
+FINAL_FILES = ("model.pt", "config.json", "tokenizer.json", "meta.json", "save_model")
 
 
 def path_in(out, shard):
     """OUT/checkpoint.pt, or the folder OUT/checkpoint.dcp/ under --shard fsdp."""
     return os.path.join(out, "checkpoint.dcp" if shard == "fsdp" else "checkpoint.pt")
+
+
+def exists(path):
+    """Is there a checkpoint to resume at path (a .dcp folder killed between its two renames
+    counts: load reads its .old)?"""
+    return os.path.isfile(path) or os.path.isdir(path) or os.path.isdir(path + ".old")
 
 
 def save(path, net, optimizer, loader, state, rank):
@@ -271,6 +279,18 @@ def save_final(folder, net, rank, extra=None):
             blob = f.read()
         files.atomic_write(os.path.join(folder, name), lambda f: f.write(blob))
     return folder
+
+
+def remove_stale_temporaries(out):
+    """Delete the temporary files a killed run left in out and out/final (files.atomic_write's
+    NAME.*.tmp, model.save_model's save_model.<pid>.tmp): one run writes a folder at a time, so
+    none of them is still being written."""
+    for folder in (out, os.path.join(out, "final")):
+        for name in os.listdir(folder) if os.path.isdir(folder) else ():
+            path = os.path.join(folder, name)
+            ours = name.startswith(tuple(f"{kept}." for kept in (*RUN_FILES, *FINAL_FILES)))
+            if ours and name.endswith(".tmp") and os.path.isfile(path):
+                os.remove(path)
 
 
 def check_out_is_free(out, force, remove=True):

@@ -472,7 +472,10 @@ def resolve_settings(args, *, device, rank, world):
     if chosen.get("optimizer") == "adamw" and rank == 0:
         print("note: --optimizer muon runs AdamW under --shard fsdp (Newton-Schulz needs whole "
               "matrices, and a rank holds a shard of each)")
-    ckpt = checkpoint.load(checkpoint.path_in(args.out, args.shard)) if args.resume else None
+    path = checkpoint.path_in(args.out, args.shard)
+    ckpt = checkpoint.load(path) if args.resume and checkpoint.exists(path) else None
+    if args.resume and ckpt is None and rank == 0:  # killed before its first checkpoint
+        print(f"{path} does not exist yet: the run starts again from step 0")
     stages = growth_stages(args, planning.model_config(args, args.vocab_size))  # fails before work
     lengths = {args.max_seq_len, *(s["config"]["max_seq_len"] for s in stages)}
     for T in lengths if args.objective == "mlm" else ():
@@ -480,8 +483,8 @@ def resolve_settings(args, *, device, rank, world):
             raise SystemExit(f"error: --mask-rate {args.mask_rate} masks "
                              f"{round(args.mask_rate * T)} of {T} tokens per sequence; it must "
                              f"mask 1 to {T - 2}")
-    if ckpt is None:
-        checkpoint.check_out_is_free(args.out, args.force, remove=rank == 0)
+    if ckpt is None:  # --resume replaces what the same run wrote before its first checkpoint
+        checkpoint.check_out_is_free(args.out, args.force or args.resume, remove=rank == 0)
     return args, ckpt, init
 
 
@@ -511,6 +514,7 @@ def start_run(args, hw, out, *, ckpt, budget_was):
         os.makedirs(args.out, exist_ok=True)
         if ckpt is None or budget_was:  # a resume saves its extended budget
             write_args(args, os.path.join(args.out, "args.json"))
+        checkpoint.remove_stale_temporaries(args.out)  # of a run a kill -9 stopped
         if ckpt is not None:
             checkpoint.truncate_log(out.log_path, ckpt["state"]["log_bytes"])
     return meta, tokenizer.load_tokenizer(meta["tokenizer"]), stages

@@ -8,6 +8,7 @@ import errno
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,7 @@ import checkpoint
 import model
 import train
 from conftest import ROOT, read_log
-from test_train import run, weights
+from test_train import TINY, run, weights
 
 # --- out of memory: halve the micro-batch, keep the global batch, retry the step ---------------
 
@@ -405,8 +406,62 @@ def test_a_full_disk_before_training_is_one_line(sample_cache, tmp_path, monkeyp
     assert os.listdir(tmp_path) == []
 
 
-def test_the_checkpoint_is_written_before_an_evaluation_that_dies(sample_cache, tmp_path,
-                                                                  monkeypatch):
+# --- kill -9 anywhere: resume continues, the log has every step once, at most 4 steps lost -------
+
+# 16 steps of 2 micro-batches, a checkpoint every 4, evaluations at 25/50/75%, a second layer grown
+# at 50% (step 8). Each entry kills one process at a moment (tests/kill_at.py), and the next
+# process is `--resume`; the data preparation's kills are in test_data_faults.py.
+KILL_FLAGS = ["--max-steps", "16", "--checkpoint-steps", "4", "--batch-ramp", "0",
+              "--batch-tokens", "256", "--eval-every", "0.25", "--grow",
+              "0:n_layers=1; 0.5:n_layers=2"]
+KILLS = [("eval", 1),        # in the step-0 evaluation: no checkpoint yet; resume starts again
+         ("checkpoint", 1),  # halfway through writing the first checkpoint (step 4): still none
+         ("step", 11),       # in the middle of step 6: the checkpoint of step 4 holds
+         ("log", 3),         # just after step 6 is logged again
+         ("eval", 2),        # in the evaluation after step 5
+         ("grow", 1),        # while growing, after the checkpoint of step 8
+         ("checkpoint", 1),  # halfway through the checkpoint of step 12 (step 8's stays whole)
+         ("step", 3),        # in the middle of step 10, on the grown model
+         ("final", 1),       # halfway through final/model.pt (the budget is spent)
+         ("log", 1),         # just after the final evaluation's record
+         ("summary", 1)]     # halfway through summary.json
+
+
+def test_kill_9_at_eleven_moments_and_resume_gives_the_run_that_was_never_killed(sample_cache,
+                                                                                 tmp_path):
+    straight = run(sample_cache, tmp_path / "straight", *KILL_FLAGS)
+    out = tmp_path / "killed"
+    flags = [*TINY, "--cache", sample_cache, "--out", str(out), *KILL_FLAGS]
+    for i, (moment, n) in enumerate(KILLS + [("never", 0)]):
+        command = [sys.executable, os.path.join(ROOT, "tests", "kill_at.py"), moment, str(n),
+                   *flags, *(["--resume"] if i else [])]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        if moment == "never":
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            break
+        assert done.returncode == -signal.SIGKILL, f"{moment} {n} never came: {done.stderr[-500:]}"
+        # no more than one checkpoint interval is lost: the steps logged past the checkpoint
+        logged = [r["step"] for r in read_log(out) if r["kind"] == "train"] if (
+            out / "log.jsonl").exists() else []
+        kept = torch.load(out / "checkpoint.pt", weights_only=False)["state"]["step"] if (
+            out / "checkpoint.pt").exists() else 0
+        assert max(logged, default=0) - kept <= 4, (moment, n, logged, kept)
+    steps = lambda name: [(r["kind"], r["step"]) for r in read_log(tmp_path / name)]  # noqa: E731
+    assert steps("killed") == steps("straight")  # every step and evaluation once, in order
+    a, b = weights(tmp_path / "straight" / "final"), weights(out / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # bitwise the run that was never killed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 16 and summary["final_val_loss"] == straight["final_val_loss"]
+    left = [f for folder in (out, out / "final") for f in os.listdir(folder) if ".tmp" in f]
+    assert left == []  # the half-written temporary files of the killed runs are gone
+
+
+def test_the_checkpoint_is_written_before_an_evaluation_due_in_the_same_step(sample_cache,
+                                                                            tmp_path,
+                                                                            monkeypatch):
+    """Step 6 is due for both (--checkpoint-steps 6; --eval-every 0.5 of 10 steps evaluates after
+    the step that starts at 50%, step 6). The evaluation dies: the checkpoint of step 6 is there
+    only if it was written first (swapped, there would be no checkpoint at all)."""
     real = train.HeldOut.evaluate
 
     def dies_in_the_loop(self, net, within_budget=False):
@@ -416,8 +471,9 @@ def test_the_checkpoint_is_written_before_an_evaluation_that_dies(sample_cache, 
     monkeypatch.setattr(train.HeldOut, "evaluate", dies_in_the_loop)
     with pytest.raises(RuntimeError, match="killed during evaluation"):
         run(sample_cache, tmp_path, "--max-steps", "10", "--eval-every", "0.5",
-            "--checkpoint-steps", "5")
-    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["step"] == 5
+            "--checkpoint-steps", "6")
+    assert [r["step"] for r in read_log(tmp_path) if r["kind"] == "train"][-1] == 6
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["step"] == 6
 
 
 def test_resume_reads_the_checkpoint_onto_the_cpu_first(tmp_path, monkeypatch):
@@ -445,9 +501,10 @@ def test_a_slow_evaluation_is_cut_to_the_batches_that_fit_in_the_budget(sample_c
     monkeypatch.setattr(model.Transformer, "forward", slow_when_evaluating)
     summary = run(sample_cache, tmp_path, "--minutes", "0.05", "--eval-every", "0.5",
                   "--eval-batches", "20")
-    # the whole run ends within its deadline plus one micro-batch (and this machine's jitter)
-    assert summary["elapsed_s"] < 3.0 + 0.5
+    assert summary["status"] == "budget spent"
+    # Counts, not seconds (a busy machine may run late): the evaluation in the loop ran fewer
+    # batches than asked, the ones off the clock (step 0, the final one) all 20.
     evals = [r for r in read_log(tmp_path) if r["kind"] == "eval"]
     in_loop = [r for r in evals if 0 < r["progress"] < 1]
-    assert in_loop and all(r.get("eval_batches", 20) < 20 for r in in_loop[-1:])
-    assert "eval_batches" not in evals[0] and "eval_batches" not in evals[-1]  # off the clock
+    assert in_loop and all(r["eval_batches"] < 20 for r in in_loop)
+    assert "eval_batches" not in evals[0] and "eval_batches" not in evals[-1]

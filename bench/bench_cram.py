@@ -527,8 +527,8 @@ def bag_of_words_accuracy(task, l2=1e-3, steps=200):
     """Dev accuracy (percent) of a logistic regression on word counts (lowercased,
     whitespace-split) trained on the task's train rows: how far words alone get, with no order
     and no pretraining."""
-    import evaluate_glue
-    _, spec, parsed = evaluate_glue.load_task_file(task["train"], task["dev"])
+    import glue_tasks
+    _, spec, parsed = glue_tasks.load_task_file(task["train"], task["dev"])
     train_rows, dev_rows = parsed["train"], parsed["dev"][""]
     words = sorted({w for s in train_rows["a"] for w in s.lower().split()})
     vocab = {w: i for i, w in enumerate(words)}

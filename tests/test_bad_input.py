@@ -16,6 +16,7 @@ import torch
 
 import data
 import evaluate_glue
+import glue_tasks
 import grow
 import model
 import scaling
@@ -265,18 +266,18 @@ def test_glue_protocol_flags_are_checked_before_anything_runs(flags, message, ch
 
 def test_glue_accepts_hugging_face_task_names_in_any_case():
     names = ["cola", "SST2", "stsb", "Mnli", "qqp", "mrpc", "qnli", "rte", "wnli"]
-    assert evaluate_glue.check_tasks(names) == \
+    assert glue_tasks.check_tasks(names) == \
         ["CoLA", "SST-2", "STS-B", "MNLI", "QQP", "MRPC", "QNLI", "RTE", "WNLI"]
     with pytest.raises(ValueError, match="unknown task"):
-        evaluate_glue.check_tasks(["sst3"])
+        glue_tasks.check_tasks(["sst3"])
 
 
 def test_correlations_are_undefined_on_nan_or_constant_input():
-    assert np.isnan(evaluate_glue.pearson([1.0, np.nan, 3.0], [1.0, 2.0, 3.0]))
-    assert np.isnan(evaluate_glue.spearman([1.0, np.nan, 3.0], [1.0, 2.0, 3.0]))
-    assert np.isnan(evaluate_glue.pearson([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]))
-    assert np.isnan(evaluate_glue.pearson([1.0], [1.0]))
-    assert np.isnan(evaluate_glue.accuracy([], []))
+    assert np.isnan(glue_tasks.pearson([1.0, np.nan, 3.0], [1.0, 2.0, 3.0]))
+    assert np.isnan(glue_tasks.spearman([1.0, np.nan, 3.0], [1.0, 2.0, 3.0]))
+    assert np.isnan(glue_tasks.pearson([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]))
+    assert np.isnan(glue_tasks.pearson([1.0], [1.0]))
+    assert np.isnan(glue_tasks.accuracy([], []))
 
 
 def test_glue_refuses_to_score_nan_predictions(checkpoint, tmp_path, monkeypatch, capsys):

@@ -22,6 +22,7 @@ import torch
 
 import download
 import evaluate_glue as eg
+import glue_tasks as gt
 from conftest import random_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -130,7 +131,7 @@ def checkpoint(tmp_path_factory, glue_dir):
 # Reading the formats
 
 def test_cola_train_has_no_header_and_keeps_every_row(glue_dir):
-    d = eg.load_task("CoLA", glue_dir)
+    d = gt.load_task("CoLA", glue_dir)
     assert len(d["train"]["a"]) == 8 and d["train"]["b"] is None
     assert d["train"]["a"][0] == sentence(0)  # column 4, its leading quote kept (no quoting)
     assert d["train"]["labels"].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
@@ -138,40 +139,40 @@ def test_cola_train_has_no_header_and_keeps_every_row(glue_dir):
 
 
 def test_qqp_malformed_row_is_skipped_and_counted(glue_dir):
-    d = eg.load_task("QQP", glue_dir)
+    d = gt.load_task("QQP", glue_dir)
     assert d["train"]["skipped"] == 1 and len(d["train"]["a"]) == 8
     assert d["test"]["QQP"]["index"] == ["0", "1", "2", "3"]  # QQP's test file has `id` for it
 
 
 def test_mrpc_header_with_byte_order_mark_is_read_by_name(glue_dir):
-    d = eg.load_task("MRPC", glue_dir)
+    d = gt.load_task("MRPC", glue_dir)
     assert d["train"]["a"][1] == sentence(1) and d["train"]["b"][1] == sentence(2)
     assert d["train"]["labels"].tolist()[:2] == [0, 1]
 
 
 def test_mnli_reads_gold_label_and_both_dev_sets_and_ax(glue_dir):
-    d = eg.load_task("MNLI", glue_dir)
+    d = gt.load_task("MNLI", glue_dir)
     assert d["train"]["labels"].tolist()[:3] == [0, 1, 2]  # contradiction, entailment, neutral
     assert sorted(d["dev"]) == ["m", "mm"] and d["dev"]["mm"]["a"][0] == sentence(150)
     assert sorted(d["test"]) == ["AX", "MNLI-m", "MNLI-mm"] and len(d["test"]["AX"]["a"]) == 5
 
 
 def test_stsb_score_is_a_float_label(glue_dir):
-    d = eg.load_task("STS-B", glue_dir)
+    d = gt.load_task("STS-B", glue_dir)
     assert d["train"]["labels"].dtype == np.float32
     assert d["train"]["labels"][:3].tolist() == pytest.approx([0.0, 0.8, 1.6])
 
 
 def test_missing_task_folder_is_one_line_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match=r"RTE: task folder for RTE not found") as e:
-        eg.load_task("RTE", str(tmp_path))
+        gt.load_task("RTE", str(tmp_path))
     assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
 
 
 def test_missing_column_names_the_file_and_column(tmp_path):
     tsv(str(tmp_path / "SST-2" / "train.tsv"), ["text", "label"], [["good", 1]])
     with pytest.raises(ValueError, match=r"SST-2/train.tsv: missing column 'sentence'"):
-        eg.load_task("SST-2", str(tmp_path))
+        gt.load_task("SST-2", str(tmp_path))
 
 
 def test_unknown_label_names_the_file_and_row(tmp_path):
@@ -179,7 +180,7 @@ def test_unknown_label_names_the_file_and_row(tmp_path):
         [[0, "a", "b", "entailment"], [1, "a", "b", "maybe"]])
     message = r"RTE/train.tsv, line 3: unknown label 'maybe'; expected one of"
     with pytest.raises(ValueError, match=message):
-        eg.load_task("RTE", str(tmp_path))
+        gt.load_task("RTE", str(tmp_path))
 
 
 def test_cli_turns_bad_input_into_one_line_exit(tmp_path, checkpoint):
@@ -194,7 +195,7 @@ def test_task_file_detects_regression_and_holds_out_ten_percent(tmp_path):
     path = str(tmp_path / "mine.tsv")
     tsv(path, ["sentence1", "sentence2", "label"],
         [[sentence(i), sentence(i + 1), i * 0.5] for i in range(20)])
-    name, spec, d = eg.load_task_file(path)
+    name, spec, d = gt.load_task_file(path)
     assert name == "mine" and spec["classes"] is None
     assert spec["metrics"] == ("pearson", "spearman")
     assert len(d["dev"][""]["a"]) == 2 and len(d["train"]["a"]) == 18
@@ -205,50 +206,50 @@ def test_task_file_detects_regression_and_holds_out_ten_percent(tmp_path):
 
 def test_binary_metrics_match_a_hand_computed_confusion_matrix():
     pred, gold = [1, 1, 0, 0, 1], [1, 0, 0, 1, 1]  # TP 2, FP 1, TN 1, FN 1
-    assert eg.accuracy(pred, gold) == pytest.approx(3 / 5)
-    assert eg.f1_score(pred, gold) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
+    assert gt.accuracy(pred, gold) == pytest.approx(3 / 5)
+    assert gt.f1_score(pred, gold) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
     mcc = (2 * 1 - 1 * 1) / math.sqrt(3 * 3 * 2 * 2)
-    assert eg.matthews_corrcoef(pred, gold) == pytest.approx(mcc)
+    assert gt.matthews_corrcoef(pred, gold) == pytest.approx(mcc)
 
 
 def test_multiclass_mcc_matches_a_hand_computation():
     # c=4 correct of s=6; true counts t=(2,2,2), predicted p=(2,3,1):
     # (4*6 - 12) / sqrt((36-14)(36-12))
-    mcc = eg.matthews_corrcoef([0, 1, 1, 1, 2, 0], [0, 0, 1, 1, 2, 2])
+    mcc = gt.matthews_corrcoef([0, 1, 1, 1, 2, 0], [0, 0, 1, 1, 2, 2])
     assert mcc == pytest.approx(12 / math.sqrt(22 * 24))
 
 
 def test_constant_predictions_score_zero_for_mcc_and_f1_and_are_undefined_for_correlations():
     gold = [0, 1, 1, 0]
-    assert eg.matthews_corrcoef([1, 1, 1, 1], gold) == 0.0
-    assert eg.f1_score([0, 0, 0, 0], gold) == 0.0
-    assert eg.f1_score([1, 1, 1, 1], gold) == pytest.approx(2 * 2 / (4 + 2))
+    assert gt.matthews_corrcoef([1, 1, 1, 1], gold) == 0.0
+    assert gt.f1_score([0, 0, 0, 0], gold) == 0.0
+    assert gt.f1_score([1, 1, 1, 1], gold) == pytest.approx(2 * 2 / (4 + 2))
     # undefined, as in scipy; the CLI refuses to report it
-    assert math.isnan(eg.pearson([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]))
-    assert math.isnan(eg.spearman([3, 3, 3], [1, 2, 3]))
+    assert math.isnan(gt.pearson([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]))
+    assert math.isnan(gt.spearman([3, 3, 3], [1, 2, 3]))
 
 
 def test_pearson_and_spearman_match_hand_computations_with_tied_ranks():
-    assert eg.pearson([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert gt.pearson([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
     # a three-way tie shares the ranks 3, 4 and 5
-    assert eg.rankdata([5, 1, 5, 3, 5]).tolist() == [4.0, 1.0, 4.0, 2.0, 4.0]
+    assert gt.rankdata([5, 1, 5, 3, 5]).tolist() == [4.0, 1.0, 4.0, 2.0, 4.0]
     # ranks x = (1, 2.5, 2.5, 4), y = (1, 2, 3, 4): covariance 4.5, variances 4.5 and 5
-    assert eg.spearman([1, 2, 2, 3], [10, 20, 30, 40]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
+    assert gt.spearman([1, 2, 2, 3], [10, 20, 30, 40]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
 
 
 def test_glue_score_is_mean_of_nine_numbers_without_wnli():
     numbers = {"CoLA": 44.5, "SST-2": 92.2, "MRPC": 87.5, "STS-B": 84.6, "QQP": 87.3,
                "MNLI-m": 83.9, "MNLI-mm": 84.1, "QNLI": 89.5, "RTE": 53.8, "WNLI": 10.0}
-    score, convention = eg.glue_score(numbers)
+    score, convention = gt.glue_score(numbers)
     assert score == pytest.approx(78.6, abs=0.05)  # cramming v1 (A6000) row
     assert "9 numbers" in convention and "WNLI excluded" in convention
     assert "PARTIAL" not in convention
-    score, convention = eg.glue_score(numbers, include_wnli=True)
+    score, convention = gt.glue_score(numbers, include_wnli=True)
     assert score == pytest.approx((78.6 * 9 + 10.0) / 10, abs=0.05) and "10 numbers" in convention
 
 
 def test_glue_score_of_a_subset_says_partial():
-    score, convention = eg.glue_score({"CoLA": 40.0, "RTE": 60.0})
+    score, convention = gt.glue_score({"CoLA": 40.0, "RTE": 60.0})
     assert score == 50.0 and "PARTIAL: 2 of 9 numbers" in convention
 
 
@@ -306,7 +307,7 @@ def test_each_metric_is_the_median_and_the_submission_comes_from_the_median_run(
     runs = [{"seed": 0, "metrics": {"accuracy_m": 80.0, "accuracy_mm": 60.0}},
             {"seed": 1, "metrics": {"accuracy_m": 50.0, "accuracy_mm": 52.0}},
             {"seed": 2, "metrics": {"accuracy_m": 58.0, "accuracy_mm": 60.0}}]
-    assert eg.median_run(runs, eg.TASKS["MNLI"], dev_suffixes=["m", "mm"])["seed"] == 2
+    assert eg.median_run(runs, gt.TASKS["MNLI"], dev_suffixes=["m", "mm"])["seed"] == 2
     # each metric's own median, which may come from different runs
     assert eg.median_metrics(runs) == {"accuracy_m": 58.0, "accuracy_mm": 60.0}
 
@@ -315,7 +316,7 @@ def test_a_collapsed_fine_tune_is_an_error_not_a_score():
     task = {"dev": {"": {"labels": np.array([1.0, 2.0, 3.0])}}}
     constant = {"": np.array([2.0, 2.0, 2.0])}  # every STS-B prediction the same
     with pytest.raises(ValueError, match="pearson, spearman undefined on dev: every prediction"):
-        eg.dev_metrics(eg.TASKS["STS-B"], constant, task)
+        eg.dev_metrics(gt.TASKS["STS-B"], constant, task)
 
 
 def test_fine_tuning_lr_warms_up_linearly_then_decays_by_cosine_to_zero():
@@ -348,13 +349,13 @@ def test_end_to_end_tiny_model_produces_every_metric_and_submission_file(tmp_pat
     assert "WNLI excluded" in printed
     # the leaderboard's files: header, one row per test example, labels as the task's strings
     sub = os.path.join(out, "submission")
-    assert sorted(os.listdir(sub)) == sorted(f"{s}.tsv" for s in eg.SUBMISSION_FILES)
-    for name in eg.SUBMISSION_FILES:
+    assert sorted(os.listdir(sub)) == sorted(f"{s}.tsv" for s in gt.SUBMISSION_FILES)
+    for name in gt.SUBMISSION_FILES:
         lines = open(os.path.join(sub, f"{name}.tsv")).read().splitlines()
         assert lines[0] == "index\tprediction" and len(lines) == 1 + (5 if name == "AX" else 4)
         preds = [line.split("\t")[1] for line in lines[1:]]
-        allowed = {"MNLI-m": eg.TASKS["MNLI"]["classes"], "MNLI-mm": eg.TASKS["MNLI"]["classes"],
-                   "AX": eg.TASKS["MNLI"]["classes"], "QNLI": ["entailment", "not_entailment"],
+        allowed = {"MNLI-m": gt.TASKS["MNLI"]["classes"], "MNLI-mm": gt.TASKS["MNLI"]["classes"],
+                   "AX": gt.TASKS["MNLI"]["classes"], "QNLI": ["entailment", "not_entailment"],
                    "RTE": ["entailment", "not_entailment"]}.get(name, ["0", "1"])
         if name == "STS-B":
             assert all(0.0 <= float(p) <= 5.0 for p in preds)
@@ -547,8 +548,8 @@ def build_mirror(glue_dir, root):
                 z.write(os.path.join(glue_dir, task, f), f"{task}/{f}")
     shutil.copy(os.path.join(glue_dir, "diagnostic", "diagnostic.tsv"),
                 os.path.join(root, "glue", "AX.tsv"))
-    _, train, _ = eg.read_tsv(os.path.join(glue_dir, "MRPC", "train.tsv"))
-    _, dev, _ = eg.read_tsv(os.path.join(glue_dir, "MRPC", "dev.tsv"))
+    _, train, _ = gt.read_tsv(os.path.join(glue_dir, "MRPC", "train.tsv"))
+    _, dev, _ = gt.read_tsv(os.path.join(glue_dir, "MRPC", "dev.tsv"))
     # the dev pairs are picked by their ids, wherever they are in the file
     mixed = [dev[0]] + train[:4] + dev[1:] + train[4:]
     tsv(os.path.join(root, "senteval", "msr_paraphrase_train.txt"), MRPC_HEAD,
@@ -579,11 +580,11 @@ def test_download_reproduces_the_glue_folder(tmp_path, glue_dir, mirror):
     dest = str(tmp_path / "downloaded")
     eg.main(["--download", "--glue-dir", dest, "--download-url", mirror + "/glue/",
              "--mrpc-url", mirror + "/senteval"])
-    for task in eg.TASKS:
+    for task in gt.TASKS:
         for f in ("train.tsv", "dev.tsv", "dev_matched.tsv", "test.tsv", "test_matched.tsv"):
             if os.path.exists(os.path.join(glue_dir, task, f)):
-                got = eg.read_tsv(os.path.join(dest, task, f))[1]
-                assert got == eg.read_tsv(os.path.join(glue_dir, task, f))[1], f"{task}/{f}"
+                got = gt.read_tsv(os.path.join(dest, task, f))[1]
+                assert got == gt.read_tsv(os.path.join(glue_dir, task, f))[1], f"{task}/{f}"
     # QQP's own file, not STS-B's: the two addresses are not swapped
     assert open(os.path.join(dest, "QQP", "train.tsv")).readline().startswith("id\tqid1")
     assert os.path.isfile(os.path.join(dest, "diagnostic", "diagnostic.tsv"))
@@ -591,7 +592,7 @@ def test_download_reproduces_the_glue_folder(tmp_path, glue_dir, mirror):
                  if f.endswith((".zip", ".tmp")) or f.startswith(".extract")]
     assert not leftovers
     # every task is there: nothing is fetched, so an unreachable address does not matter
-    download.download_glue(dest, list(eg.TASKS), base_url="http://invalid.invalid/")
+    download.download_glue(dest, list(gt.TASKS), base_url="http://invalid.invalid/")
 
 
 def test_download_missing_file_fails_at_once_naming_the_url(tmp_path, mirror):

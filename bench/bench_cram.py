@@ -22,7 +22,8 @@ pre-LN, GeGLU of our gated width, rotary, every layer global, sparse prediction,
 `BertForMaskedLM` (bench_model.hf_bert: post-LN, learned positions, GELU feed-forward, dense MLM
 head), of the same depth, width, heads and vocabulary, trained once per learning rate in --hf-lrs
 (default per baseline, DEFAULT_HF_LRS: ModernBERT's reaches 8e-3). Every run gets --minutes of
-wall clock; the best HF learning rate by final held-out loss is the baseline.
+wall clock (or --tokens: the same training tokens for every run, a race a slow or busy machine
+cannot tilt); the best HF learning rate by final held-out loss is the baseline.
 
 Why it is fair (a comparison counts only if the baseline had a fair chance):
   - data: the same tokenizer, the same training stream (loader.make_loader, train split, same
@@ -175,11 +176,25 @@ def ours_argv(args, seed, out):
             "--ffn-dim", str(ours_ffn_dim(args.ffn_dim, activation, args.baseline)),
             "--max-seq-len", str(args.max_seq_len),
             "--micro-batch", str(args.micro_batch), "--batch-tokens", str(args.batch_tokens),
-            "--eval-batches", str(args.eval_batches), "--minutes", str(args.minutes),
+            "--eval-batches", str(args.eval_batches), *budget_flags(args),
             "--eval-every", str(EVAL_EVERY), "--seed", str(seed), "--out", out,
             "--log-every", "10", "--checkpoint-minutes", "1e9",
             "--force",  # a fresh run, never a resume
             *extra]
+
+
+def budget_flags(args):
+    """train.py's budget for every run: --minutes of wall clock, or --tokens (its --max-tokens)."""
+    if args.tokens:
+        return ["--max-tokens", str(int(args.tokens))]
+    return ["--minutes", str(args.minutes)]
+
+
+def budget_words(settings):
+    """'3 min per run' or '2,000,000 tokens per run'."""
+    if settings.get("tokens"):
+        return f"{settings['tokens']:,.0f} tokens per run"
+    return f"{settings['minutes']:g} min per run"
 
 
 # -----------------------------------------------------------------------------
@@ -283,10 +298,9 @@ def run_hf(s, meta, arm, lr, seed):
     run_net = torch.compile(net, dynamic=False) if s.compile else net
     # train.py's target accumulation.
     accum = max(1, round(s.batch_tokens / (s.micro_batch * s.max_seq_len)))
-    # train.py's clock (from after model, optimizer and loader are built) and its hard deadline,
-    # on time only.
-    time_only = argparse.Namespace(**{**vars(s), "max_steps": None, "max_tokens": None})
-    clock = budget.Budget(time_only)
+    # train.py's clock (from after model, optimizer and loader are built): the wall clock with
+    # its hard deadline, or --tokens (then progress, and the schedule, follow the tokens fed).
+    clock = budget.Budget(argparse.Namespace(**{**vars(s), "max_steps": None}))
     state = train.RunState()
     curve, status, next_eval = [], "budget spent", EVAL_EVERY
     while True:
@@ -646,7 +660,7 @@ def report(results):
     Returns the printed text."""
     runs, a, st = results["runs"], results["analysis"], results["settings"]
     lines = [f"\nmini-cram on {st['data']}: {st['n_layers']} x {st['d_model']}, "
-             f"{st['n_heads']} heads, vocab {st['vocab_size']}, {st['minutes']:g} min per run, "
+             f"{st['n_heads']} heads, vocab {st['vocab_size']}, {budget_words(st)}, "
              f"{st['threads']} torch thread(s), {st['device']}",
              f"HF baseline: {hf_description(st)}", f"order: {', '.join(st['order'])}", "",
              f"{'run':<22} {'seed':>4} {'params':>8} {'final loss':>10} {'tokens':>11} "
@@ -706,7 +720,7 @@ def plot(results, path):
         ax.plot(xs, ys, marker="o", ms=3, lw=2.5 if r["model"] == "ours" else 1.2,
                 label=f"{run_name(r)}, seed {r['seed']}")
     ax.set(xlabel="wall-clock seconds (evaluations included)", ylabel="held-out MLM loss",
-           title=f"mini-cram, {results['settings']['minutes']:g} min per run")
+           title=f"mini-cram, {budget_words(results['settings'])}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -727,6 +741,10 @@ def parse_args(argv=None):
     p.add_argument("--cache", default="cache", help="data cache folder (default: cache)")
     p.add_argument("--minutes", type=float, default=3.0,
                    help="wall-clock budget of every run (default: 3)")
+    p.add_argument("--tokens", type=float, default=None,
+                   help="a budget of training tokens instead of --minutes: every run, ours and "
+                   "HF, trains on this many (train.py's --max-tokens), so a slow or busy machine "
+                   "changes the times, not the race; time to loss is still reported")
     # Shape, shared by both models
     p.add_argument("--n-layers", type=int, default=4, help="layers (default: 4)")
     p.add_argument("--d-model", type=int, default=128, help="hidden size (default: 128)")
@@ -819,8 +837,8 @@ def run_all(args):
     threads = args.threads or torch.get_num_threads()  # the same for every run
     lrs = [] if args.skip_hf else [float(x) for x in args.hf_lrs.split(",") if x.strip()]
     s = flags.parse_args(ours_argv(args, 0, args.out))  # our settings as train.py resolves them
-    if lrs and not budget.budget_seconds(s):
-        raise SystemExit("error: HF runs need a wall-clock budget (--minutes)")
+    if lrs and not (budget.budget_seconds(s) or s.max_tokens):
+        raise SystemExit("error: HF runs need a budget of --minutes or --tokens")
     device, _, _ = parallel.setup_device(s.device)
     meta = train.prepare(s, device, 0, 1)  # the same cache entry train.py uses
     cfg = planning.model_config(s, meta["n_vocab"])
@@ -872,8 +890,8 @@ def run_all(args):
 # What must match for an earlier HF run to stand for one of this benchmark's: the data, the budget,
 # the machine's dtype and threads, the baseline's recipe, and what the HF run saw of our settings
 # (hf_sees: --ours-flags such as --mask-rate or --micro-batch apply to HF too).
-SAME_FOR_REUSE = ("data", "minutes", "baseline", "hf_schedule", "threads", "device", "dtype",
-                  "hf_intermediate", "hf_sees")
+SAME_FOR_REUSE = ("data", "minutes", "tokens", "baseline", "hf_schedule", "threads", "device",
+                  "dtype", "hf_intermediate", "hf_sees")
 
 
 def hf_sees(s, cfg):

@@ -256,6 +256,27 @@ def test_hf_from_reuses_the_baseline_runs_it_has_and_runs_only_the_missing_ones(
         bench_cram.main(common + ["--ours-flags", "--mask-rate 0.4", "--out", str(tmp_path / "m")])
 
 
+def test_a_token_budget_gives_every_run_the_same_tokens_whatever_the_machine(bench_cram,
+                                                                            sample_cache,
+                                                                            one_thread, tmp_path):
+    """--tokens: ours (train.py's --max-tokens) and ModernBERT both train until 6,144 tokens,
+    each ending with the step that crosses it (a step is 256 tokens; ours ramps its batch up, so
+    its steps do not land on the mark), and the report says so; runs made on the wall clock
+    cannot stand for these."""
+    pytest.importorskip("transformers")
+    results = bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--tokens", "6144",
+                                            "--hf-lrs", "2e-3", "--no-downstream",
+                                            "--out", str(tmp_path / "race")])
+    assert [r["model"] for r in results["runs"]] == ["ours", "hf"]
+    assert all(6144 <= r["tokens"] < 6144 + 256 for r in results["runs"])
+    assert all(r["curve"][-1]["tokens"] == r["tokens"] for r in results["runs"])
+    assert "6,144 tokens per run" in bench_cram.report(results)
+    with pytest.raises(SystemExit, match="--hf-from: .* was run with tokens 6144"):
+        bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--no-downstream",
+                                      "--hf-from", str(tmp_path / "race"),
+                                      "--out", str(tmp_path / "clock")])
+
+
 def curve(*points):
     """Synthetic evaluations (elapsed s, tokens, loss)."""
     return [{"elapsed": t, "tokens": n, "val_loss": loss} for t, n, loss in points]

@@ -523,12 +523,8 @@ def start_run(args, hw, out, *, ckpt, budget_was):
 def write_args(args, path):
     """args.json: the settings --resume reads back. A full disk here is one line, before any
     training."""
-    try:
+    with one_line_if_the_disk_is_full(path, "nothing was trained"):
         files.atomic_write(path, lambda f: f.write(json.dumps(vars(args), indent=2).encode()))
-    except OSError as e:
-        if e.errno != errno.ENOSPC:
-            raise
-        raise SystemExit(f"error: {path}: no space left on device; nothing was trained") from None
 
 
 def prepare_interruptible(args, hw):
@@ -903,14 +899,21 @@ def save_final(net, meta, out):
     extra = {"tokenizer.json": meta["tokenizer"],
              "meta.json": os.path.join(meta["dir"], "meta.json")}
     folder = os.path.join(out.folder, "final")
-    try:
+    with one_line_if_the_disk_is_full(folder, f"the trained weights are in {out.ckpt_path}: free "
+                                      f"some space, then `python train.py --resume --out "
+                                      f"{out.folder}` writes final/ from it"):
         return checkpoint.save_final(folder, net, out.rank, extra)
+
+
+@contextlib.contextmanager
+def one_line_if_the_disk_is_full(path, kept):
+    """A full disk (ENOSPC) writing path ends the run with one line that says what is kept."""
+    try:
+        yield
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
-        raise SystemExit(f"error: {folder}: no space left on device; the trained weights are in "
-                         f"{out.ckpt_path}: free some space, then `python train.py --resume --out "
-                         f"{out.folder}` writes final/ from it") from None
+        raise SystemExit(f"error: {path}: no space left on device; {kept}") from None
 
 
 def stop_diverged(net, optimizer, state, args, meta, out):
@@ -947,14 +950,11 @@ def finish(net, loader, state, status, *, args, hw, held_out, meta, enc, out):
         print(sample)
         print(summary_text(summary))
         path = os.path.join(args.out, "summary.json")
-        try:
+        with one_line_if_the_disk_is_full(path, f"the summary is printed above, final/ and "
+                                          f"{out.ckpt_path} are whole: free some space, then "
+                                          f"`python train.py --resume --out {out.folder}` "
+                                          "writes it"):
             files.atomic_write(path, lambda f: f.write(json.dumps(summary, indent=2).encode()))
-        except OSError as e:
-            if e.errno != errno.ENOSPC:
-                raise
-            raise SystemExit(f"error: {path}: no space left on device; the summary is printed "
-                             f"above, final/ and {out.ckpt_path} are whole: free some space, then "
-                             f"`python train.py --resume --out {out.folder}` writes it") from None
     return summary
 
 

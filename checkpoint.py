@@ -96,9 +96,8 @@ def save_shards(folder, net, optimizer, extra, rank):
         raise full[0] from None
     written = [True]
     if rank == 0:
-        try:  # unbuffered, so that a full disk is torch.save's OSError, not "unexpected pos"
-            with open(os.path.join(tmp, "run.pt"), "wb", buffering=0) as f:
-                torch.save(extra, f)
+        try:  # atomic_write's unbuffered file: a full disk is an OSError, not "unexpected pos"
+            files.atomic_write(os.path.join(tmp, "run.pt"), lambda f: torch.save(extra, f))
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise

@@ -157,7 +157,7 @@ def is_gpt2(cfg):
     return (cfg["objective"] == "clm" and not cfg["num_labels"] and cfg["positions"] == "learned"
             and cfg["activation"] == "gelu" and cfg["norm"] == "layernorm"
             and cfg["norm_position"] == "pre" and not cfg["embedding_norm"]
-            and not cfg["qk_norm"])
+            and not cfg["qk_norm"] and not cfg["value_residual"])
 
 
 # -----------------------------------------------------------------------------

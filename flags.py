@@ -105,6 +105,9 @@ def add_model_flags(p):
                    help="RMS-normalize each head's queries and keys (default: off)")
     g.add_argument("--zero-init", choices=["on", "off"], default=None,
                    help="start the blocks' output projections at zero (default: off)")
+    g.add_argument("--value-residual", choices=["on", "off"], default=None,
+                   help="every block after the first also attends over the first block's values "
+                   "(ResFormer; default: off)")
     g.add_argument("--first-attention-norm", choices=["on", "off"], default=None,
                    help="the first block normalizes its attention input (default: on; "
                    "--arch modernbert: off)")
@@ -122,7 +125,9 @@ def add_model_flags(p):
     g = p.add_argument_group("growth (grow.py)")
     g.add_argument("--grow", default=None, help="growth schedule, e.g. "
                    "'0:n_layers=4,max_seq_len=64; 0.25:n_layers=8; 0.5:n_layers=16', a preset "
-                   "name, or auto")
+                   "name (depth, compound, gstack), auto, or none (default: depth, half the "
+                   "layers stacked to full depth at 30%% of the budget; none with --init-from, "
+                   "--shard fsdp or one layer)")
     g.add_argument("--grow-optimizer", choices=["carry", "fresh"], default="carry",
                    help="at growth, carry AdamW moments of old coordinates over, or start a fresh "
                    "optimizer")
@@ -278,7 +283,7 @@ def check_args(parser, args):
     need(args.grow_noise >= 0, "--grow-noise", ">= 0")
     need(0 <= args.grow_rewarm < 1, "--grow-rewarm", "in [0, 1)")
     need(args.grow is None or args.grow.strip(), "--grow",
-         "a schedule or a preset name (leave it out for no growth)")
+         "a schedule, a preset name, auto, or none (no growth)")
     need(0 < args.grow_check_every <= 0.5, "--grow-check-every", "in (0, 0.5]")
     need(math.isfinite(args.grow_slope), "--grow-slope", "a finite number")
     check_system_args(parser, args)
@@ -296,12 +301,13 @@ def check_system_args(parser, args):
     # growth schedule starts from its own first shape
     if args.init_from and args.resume:
         parser.error("--init-from starts a new run; --resume continues the one in --out: give one")
-    if args.init_from and args.grow:
+    grows = args.grow not in (None, "none")  # None: train.py chooses (planning.choose_defaults)
+    if args.init_from and grows:
         parser.error("--init-from takes its shape from PATH; --grow starts from the schedule's "
                      "first stage: give one")
     if args.init_from and not os.path.exists(args.init_from):
         parser.error(f"--init-from {args.init_from}: no such file or folder")
-    if args.shard == "fsdp" and args.grow:
+    if args.shard == "fsdp" and grows:
         parser.error("--grow needs --shard ddp: the grow operators read and write full weight "
                      "tensors, and unshard-grow-reshard is not implemented")
     if args.shard == "fsdp" and args.positions == "sinusoidal":
@@ -377,6 +383,8 @@ def resume_settings(args):
     given = {k: getattr(args, k) for k in BUDGET_KEYS} if budget_given(args) else None
     with open(saved) as f:  # other flags a newer train.py added keep their defaults
         settings = {**BEFORE_THE_FLAG, **json.load(f)}
+    if settings.get("grow") is None:  # saved before depth growth became the default: none
+        settings["grow"] = "none"
     resumed = argparse.Namespace(**{**vars(args), **settings, "resume": True, "out": args.out})
     if given and given != {k: getattr(resumed, k) for k in BUDGET_KEYS}:
         return argparse.Namespace(**{**vars(resumed), **given}), budget_text(resumed)

@@ -96,13 +96,17 @@ stack). Keys left out keep the previous stage's value; in the first stage, the t
 n_heads follows d_model at a fixed head size unless given.
 Example: '0:n_layers=4,d_model=384,max_seq_len=64; 0.25:n_layers=8,max_seq_len=128;
 0.5:n_layers=16,d_model=768'.
-Presets: 'compound' (CompoundGrow-style: depth, FFN width and length at 1/4 then 1/2 of the target,
-full size at 0.4) and 'gstack' (G_stack-style: a quarter of the layers, stacked 4x at 0.25)."""
+Presets: 'depth' (half the layers, stacked to full depth at 0.3: train.py's default, record 3 of
+docs/records.md), 'compound' (CompoundGrow-style: depth, FFN width and length at 1/4 then 1/2 of the
+target, full size at 0.4) and 'gstack' (G_stack-style: a quarter of the layers, stacked 4x at 0.25).
+'none' is no growth."""
+PRESETS = ("depth", "compound", "gstack")
 
 
 def preset_schedule(name, cfg):
     """Schedule text of a named preset, growing toward the target config cfg.
 
+    depth: the speedrun's record 3, half the layers stacked to full depth at 30% of the budget.
     compound: CompoundGrow's finding (Gu et al. 2021) is that shrinking several dimensions at once
       beats shrinking one; it grows depth by stacking, the FFN by parameter sharing and the input
       length. The paper's exact stage split for BERT-base is not reproduced here; this preset spends
@@ -113,12 +117,18 @@ def preset_schedule(name, cfg):
     """
     L, f, T = cfg["n_layers"], cfg["ffn_dim"], cfg["max_seq_len"]
     q = lambda n, k: max(1, n // k)  # noqa: E731
+    if name == "depth":
+        # The speedrun's record 3 (docs/records.md): half the layers learn almost as much per token
+        # at twice the tokens per second, and stacking them (StackBERT) at 30% keeps that lead.
+        if L < 2:
+            raise ValueError("grow schedule: preset 'depth' needs a target of at least 2 layers")
+        return f"0:n_layers={L // 2}; 0.3:n_layers={L}"
     if name == "compound":
         return "; ".join(f"{at}:n_layers={q(L, k)},ffn_dim={q(f, k)},max_seq_len={q(T, k)}"
                          for at, k in ((0, 4), (0.2, 2), (0.4, 1)))
     if name == "gstack":
         return f"0:n_layers={q(L, 4)},method=stack; 0.25:n_layers={L},method=stack"
-    raise ValueError(f"grow schedule: unknown preset {name!r}; presets: compound, gstack")
+    raise ValueError(f"grow schedule: unknown preset {name!r}; presets: {', '.join(PRESETS)}")
 
 
 def parse_schedule(text, base_cfg):
@@ -129,7 +139,7 @@ def parse_schedule(text, base_cfg):
     fills in what the schedule leaves out. Raises ValueError naming the stage and what is wrong."""
     base_cfg = M.validate_config(base_cfg)
     text = text.strip()
-    if text in ("compound", "gstack"):
+    if text in PRESETS:
         text = preset_schedule(text, base_cfg)
     stages, prev = [], base_cfg
     for n, chunk in enumerate(s.strip() for s in text.split(";") if s.strip()):
@@ -484,7 +494,8 @@ def add_gate(block, ramp):
             with torch.no_grad():
                 module.grow_gate.add_(1.0 / ramp).clamp_(max=1.0)
         c = module.grow_gate
-        return c * output + (1.0 - c) * args[0]
+        x, v = output  # a block returns its output and its own attention values
+        return c * x + (1.0 - c) * args[0], v
     block.register_forward_hook(gated)
 
 
@@ -581,7 +592,7 @@ def main(argv=None):
     import sys
     argv = sys.argv[1:] if argv is None else argv
     if not argv or len(argv) > 2:
-        raise SystemExit("usage: python grow.py 'SCHEDULE|compound|gstack' "
+        raise SystemExit("usage: python grow.py 'SCHEDULE|depth|compound|gstack' "
                          "[model preset, default base]\n\n" + SCHEDULE_HELP)
     try:
         target = M.make_config(argv[1] if len(argv) > 1 else "base")

@@ -76,6 +76,7 @@ DEFAULTS = {
     "first_attention_norm": True,  # False: block 0 reads the embedding norm's output as it is
     "head_transform": False,    # dense -> GELU -> norm between the final norm and the LM decoder
     "zero_init": False,         # the blocks' output projections (out, down) start at zero
+    "value_residual": False,    # every block after the first mixes the first block's values in
     "dropout": 0.0,             # off in pretraining (cramming); evaluate_glue.py fine-tunes at 0.1
     "mask_rate": 0.25,          # share of tokens MLM predicts (cramming: 25%); in FLOP accounting
     "num_labels": 0,            # > 0 adds a sequence classification head (1 = regression)
@@ -103,7 +104,7 @@ ARCHITECTURES = {
     "modernbert": {"positions": "rotary", "norm": "layernorm", "norm_position": "pre",
                    "activation": "geglu", "bias": False, "embedding_norm": True,
                    "tie_embeddings": True, "qk_norm": False, "first_attention_norm": False,
-                   "head_transform": True},
+                   "head_transform": True, "value_residual": False},
 }
 
 # Allowed values of the string-valued keys (train.py's flags offer the same lists).
@@ -134,7 +135,7 @@ def validate_config(cfg):
         if cfg[key] not in allowed:
             raise ValueError(f"config key {key!r} must be one of {allowed}, got {cfg[key]!r}")
     for key in ("bias", "embedding_norm", "tie_embeddings", "qk_norm", "zero_init",
-                "first_attention_norm", "head_transform"):
+                "first_attention_norm", "head_transform", "value_residual"):
         if not isinstance(cfg[key], bool):
             raise ValueError(f"config key {key!r} must be true or false, got {cfg[key]!r}")
     if not isinstance(cfg["num_labels"], int) or cfg["num_labels"] < 0:
@@ -276,7 +277,7 @@ class Block(nn.Module):
         d, f, bias = cfg["d_model"], cfg["ffn_dim"], cfg["bias"]
         self.n_heads, self.pre_norm = cfg["n_heads"], cfg["norm_position"] == "pre"
         self.activation, self.dropout = cfg["activation"], cfg["dropout"]
-        self.qk_norm = cfg["qk_norm"]
+        self.qk_norm, self.value_residual = cfg["qk_norm"], cfg["value_residual"]
         # ModernBERT's first block has no attention norm (an identity): its input is the embedding
         # norm's output, already normalized (config first_attention_norm=False).
         self.norm1 = make_norm(cfg) if attention_norm else nn.Identity()
@@ -288,13 +289,21 @@ class Block(nn.Module):
         self.up = nn.Linear(d, up_width(cfg), bias=bias)
         self.down = nn.Linear(f, d, bias=bias)
 
-    def attend(self, x, mask, rope, is_causal):
-        """x (B, T, d) -> (B, T, d). mask: None, or bool/float (B|1, 1|H, T, T) added to the
-        scores."""
+    def attend(self, x, mask, rope, is_causal, v_first=None):
+        """x (B, T, d) -> (B, T, d), and this block's own values (B, H, T, hd; None unless the
+        config's value_residual is on). mask: None, or bool/float (B|1, 1|H, T, T) added to the
+        scores. v_first: the first block's values, to mix in (value_residual), or None."""
         B, T, d = x.shape
         # (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd): heads become a batch dimension (SDPA).
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         qk, v = qkv[:2], qkv[2]                                  # (2, B, H, T, hd), (B, H, T, hd)
+        own_v = v if self.value_residual else None  # only the trunk's value residual reads it
+        # Value residual (Zhou et al. 2024, "Value Residual Learning", ResFormer; the
+        # modded-nanogpt speedrun): attend over the mean of this block's values and the first
+        # block's, so every layer can still reach the token-level values that deep layers'
+        # attention otherwise washes out. No parameters, so growth has nothing new to map.
+        if v_first is not None:
+            v = 0.5 * (v + v_first)
         # QK-norm (Dehghani et al. 2023, ViT-22B; the modded-nanogpt speedrun): each query and key
         # scaled to unit RMS, so no score can grow past sqrt(hd) however large the weights get.
         # No gain parameters, so growth (grow.py) has nothing new to map.
@@ -317,7 +326,7 @@ class Block(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                dropout_p=dropout)
         # (B, H, T, hd) -> (B, T, H, hd) -> (B, T, d): concatenate the heads, then mix them.
-        return self.out(y.transpose(1, 2).reshape(B, T, d))
+        return self.out(y.transpose(1, 2).reshape(B, T, d)), own_v
 
     def feed_forward(self, x):
         """x (B, T, d) -> (B, T, d). Gated variants (Shazeer 2020, "GLU Variants Improve
@@ -334,18 +343,23 @@ class Block(nn.Module):
             h = (F.gelu(gate) if self.activation == "geglu" else F.silu(gate)) * value
         return self.down(h)
 
-    def forward(self, x, mask, rope, is_causal):
+    def forward(self, x, mask, rope, is_causal, v_first=None):
+        """x (B, T, d) -> (B, T, d), and the block's own attention values (B, H, T, hd), which the
+        trunk hands the later blocks as v_first when the config's value_residual is on (else
+        None)."""
         # Residual dropout on each sublayer's output before the add; p = 0 while pretraining.
         drop = lambda y: F.dropout(y, self.dropout, self.training)  # noqa: E731
         # Pre-LN: x + f(norm(x)). The residual stream is a plain sum that no norm rescales, so
         # gradients stay well scaled at initialization and no long warm-up is needed
         # (Xiong et al. 2020).
         if self.pre_norm:
-            x = x + drop(self.attend(self.norm1(x), mask, rope, is_causal))
-            return x + drop(self.feed_forward(self.norm2(x)))
+            y, v = self.attend(self.norm1(x), mask, rope, is_causal, v_first)
+            x = x + drop(y)
+            return x + drop(self.feed_forward(self.norm2(x))), v
         # Post-LN (BERT): norm(x + f(x)), the norm sits on the residual stream after each sublayer.
-        x = self.norm1(x + drop(self.attend(x, mask, rope, is_causal)))
-        return self.norm2(x + drop(self.feed_forward(x)))
+        y, v = self.attend(x, mask, rope, is_causal, v_first)
+        x = self.norm1(x + drop(y))
+        return self.norm2(x + drop(self.feed_forward(x))), v
 
 
 def fused_loss_pays(h):
@@ -511,8 +525,11 @@ class Transformer(nn.Module):
             rope = (cos[:, None], sin[:, None])                              # (B|1, 1, T, hd/2)
         mask, is_causal = self.attention_mask(attention_mask, position_ids, T, input_ids.device)
         x = self.embed(input_ids, position_ids)
+        v_first = None  # (B, H, T, hd): the first block's values, once value_residual has them
         for block in self.blocks:
-            x = block(x, mask, rope, is_causal)
+            x, v = block(x, mask, rope, is_causal, v_first)
+            if self.config["value_residual"] and v_first is None:
+                v_first = v
         return x
 
     def finish(self, h):

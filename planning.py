@@ -18,6 +18,7 @@ import torch
 
 import budget
 import checkpoint
+import grow
 import model
 import scaling
 
@@ -39,7 +40,7 @@ SIZE_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim")
 CHOICE_KEYS = ("positions", "norm", "norm_position", "activation")
 # Model config keys that are true or false, each set by an on|off flag (--qk-norm on)
 ON_OFF_KEYS = ("embedding_norm", "tie_embeddings", "qk_norm", "zero_init", "first_attention_norm",
-               "head_transform")
+               "head_transform", "value_residual")
 
 
 def model_config(args, vocab_size):
@@ -104,8 +105,8 @@ def world_size():
 # The defaults: preset, vocabulary, sequence length, batch, micro-batch, learning rate
 
 def choose_defaults(args, flops_per_s, world, on_gpu):
-    """({flag: value} for --model, --vocab-size, --max-seq-len, --batch-tokens, --micro-batch and
-    --lr left unset, the sentence saying why). args is not changed."""
+    """({flag: value} for --model, --vocab-size, --max-seq-len, --batch-tokens, --micro-batch,
+    --grow and --lr left unset, the sentence saying why). args is not changed."""
     n_star, basis, compute = optimal_params(args, flops_per_s, world)
     chosen = {}
     # no budget in seconds or tokens: base for a GPU, tiny for a CPU; --init-from has its shape
@@ -139,12 +140,27 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
     if optimizer == "muon" and args.shard == "fsdp":
         # Newton-Schulz needs whole matrices, and an FSDP rank holds a shard of each (muon.py)
         chosen["optimizer"] = optimizer = "adamw"
+    if args.grow is None:
+        # Depth growth is the speedrun's record 3 (docs/records.md). It needs whole weight tensors
+        # (not FSDP's shards), a shape of its own (not --init-from's) and a model grow.py can stack
+        # (two layers or more, and not ModernBERT's first block).
+        grows = args.shard == "ddp" and not args.init_from and can_grow_depth(cfg)
+        chosen["grow"] = "depth" if grows else "none"
     if args.lr is None:
         # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: docs/train.md.
         # Muon's is four times that (docs/records.md).
         factor = MUON_LR_FACTOR if optimizer == "muon" else 1.0
         chosen["lr"] = round(1e-3 * 768 / cfg["d_model"] * factor, 6)
     return chosen, why_chosen(chosen, basis, n_star, tokens)
+
+
+def can_grow_depth(cfg):
+    """Whether grow.py's depth preset can grow toward cfg."""
+    try:
+        grow.parse_schedule("depth", cfg)
+        return True
+    except ValueError:
+        return False
 
 
 def optimal_params(args, flops_per_s, world):

@@ -396,16 +396,16 @@ def suggest_shape(n_target, preset="base", count="non_embedding", rules=None, **
 
 def train_command(shape, run=None):
     """The train.py command line for a suggested shape: --model preset plus the shape overrides
-    (and budget). run: any of hours, max_tokens, out, data, seq_len, objective (unset ones are left
-    out)."""
+    (and budget). run: any of hours, max_tokens, out, data, seq_len, objective, grow (unset ones are
+    left out)."""
     run = run or {}
     hours, max_tokens, objective = run.get("hours"), run.get("max_tokens"), run.get("objective")
-    seq_len, data, out = run.get("seq_len"), run.get("data"), run.get("out")
+    seq_len, data, out, grow = run.get("seq_len"), run.get("data"), run.get("out"), run.get("grow")
     flags = [("model", shape["preset"]), ("n-layers", shape["n_layers"]),
              ("d-model", shape["d_model"]), ("n-heads", shape["n_heads"]),
              ("ffn-dim", shape["ffn_dim"]), ("objective", objective),
              ("max-seq-len", seq_len), ("data", data), ("hours", hours and f"{hours:.4g}"),
-             ("max-tokens", max_tokens and int(max_tokens)), ("out", out)]
+             ("max-tokens", max_tokens and int(max_tokens)), ("grow", grow), ("out", out)]
     return " ".join(["python train.py"] + [f"--{k} {v}" for k, v in flags if v])
 
 
@@ -516,7 +516,9 @@ def sweep_plan(hours, gpu, options=None):
                          "shape": {k: v for k, v in shape.items() if k != "config"},
                          "command": train_command(shape, {
                              "hours": 1.5 * hours_run, "max_tokens": tokens, "out": out,
-                             "data": o["data"], "seq_len": seq_len, "objective": objective})})
+                             "data": o["data"], "seq_len": seq_len, "objective": objective,
+                             # a sweep fits the law of models trained at one size throughout
+                             "grow": "none"})})
     return {"C_total": C_total, "hours_total": sum(r["hours"] for r in runs),
             "constants": params.get("name"), "runs": runs}
 

@@ -492,7 +492,7 @@ def growth_stages(args, cfg):
     """grow.parse_schedule of --grow toward cfg ([] without growth), as a one-line error if
     invalid."""
     try:
-        return grow.parse_schedule(args.grow, cfg) if args.grow else []
+        return grow.parse_schedule(args.grow, cfg) if args.grow != "none" else []
     except ValueError as e:
         raise SystemExit(f"error: --grow: {e}") from None
 

@@ -76,11 +76,11 @@ def arm_flags(cfg, lr):
     L, f, T = cfg["n_layers"], cfg["ffn_dim"], cfg["max_seq_len"]
     L_, F_, T_ = "n_layers", "ffn_dim", "max_seq_len"
     return {
-        "static lr x0.5": f"--lr {lr / 2:g}",
-        "static lr x1": f"--lr {lr:g}",
-        "static lr x2": f"--lr {lr * 2:g}",
-        "static half depth": f"--lr {lr:g} --n-layers {max(1, L // 2)}",
-        "static quarter depth": f"--lr {lr:g} --n-layers {max(1, L // 4)}",
+        "static lr x0.5": f"--lr {lr / 2:g} --grow none",
+        "static lr x1": f"--lr {lr:g} --grow none",
+        "static lr x2": f"--lr {lr * 2:g} --grow none",
+        "static half depth": f"--lr {lr:g} --n-layers {max(1, L // 2)} --grow none",
+        "static quarter depth": f"--lr {lr:g} --n-layers {max(1, L // 4)} --grow none",
         "compound": f"--lr {lr:g} --grow compound",
         "depth": f"--lr {lr:g} --grow {stages(cfg, [L_])}",
         "ffn": f"--lr {lr:g} --grow {stages(cfg, [F_])}",
@@ -90,7 +90,7 @@ def arm_flags(cfg, lr):
         "ffn+seq": f"--lr {lr:g} --grow {stages(cfg, [F_, T_])}",
         "first stage, static (own length)":
             f"--lr {lr:g} --n-layers {max(1, L // 4)} --ffn-dim {max(1, f // 4)} "
-            f"--max-seq-len {max(4, T // 4)}",
+            f"--max-seq-len {max(4, T // 4)} --grow none",
         "gstack": f"--lr {lr:g} --grow gstack",
         "depth, method zero": f"--lr {lr:g} --grow {stages(cfg, [L_], 'zero')}",
         "depth, method msg": f"--lr {lr:g} --grow {stages(cfg, [L_], 'msg')}",

@@ -33,14 +33,14 @@ from loader import make_loader  # noqa: E402
 
 
 def train_argv(args, out):
-    """train.py's command line for the loop: accumulation 1, no ramp, a step budget."""
+    """train.py's command line for the loop: accumulation 1, no ramp, no growth, a step budget."""
     return ["--data", "sample", "--cache", args.cache, "--out", out, "--force",
             "--vocab-size", str(args.vocab_size), "--model", "mini", "--n-layers", "4",
             "--d-model", str(args.d_model), "--n-heads", "4", "--max-seq-len", str(args.seq_len),
             "--micro-batch", str(args.micro_batch),
             "--batch-tokens", str(args.micro_batch * args.seq_len), "--batch-ramp", "0",
             "--max-steps", str(args.steps), "--eval-every", "1", "--eval-batches", "1",
-            "--lr", "1e-3", "--device", "cpu", "--dtype", args.dtype]
+            "--lr", "1e-3", "--grow", "none", "--device", "cpu", "--dtype", args.dtype]
 
 
 def loop_tokens_per_s(args):

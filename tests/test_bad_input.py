@@ -51,7 +51,7 @@ TRAIN = ["--data", "sample", "--max-steps", "1"]
     (["--grow-rewarm", "1"], "--grow-rewarm must be in [0, 1)"),
     (["--checkpoint-steps", "-1"], "--checkpoint-steps must be >= 0"),
     (["--checkpoint-minutes", "0"], "--checkpoint-minutes must be > 0"),
-    (["--grow", ""], "--grow must be a schedule or a preset name"),
+    (["--grow", ""], "--grow must be a schedule, a preset name, auto, or none"),
     (["--mask-rate", "0"], "--mask-rate must be in (0, 1)"),
     (["--mask-rate", "1.5"], "--mask-rate must be in (0, 1)"),
     (["--lr", "nan"], "--lr must be positive"),

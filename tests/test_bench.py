@@ -530,8 +530,8 @@ def test_grow_arms_take_compound_fractions_one_dimension_at_a_time(bench_grow):
                                 "0.2:ffn_dim=64,max_seq_len=32; 0.4:ffn_dim=128,max_seq_len=64'")
     assert flags["depth, method zero"].endswith(
         "0.2:n_layers=4,method=zero; 0.4:n_layers=8,method=zero'")
-    assert flags["static lr x2"] == "--lr 0.024"
-    assert flags["static quarter depth"] == "--lr 0.012 --n-layers 2"
+    assert flags["static lr x2"] == "--lr 0.024 --grow none"        # train.py would grow by default
+    assert flags["static quarter depth"] == "--lr 0.012 --n-layers 2 --grow none"
     assert set(bench_grow.BASELINES) <= set(flags)
 
 

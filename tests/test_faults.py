@@ -499,8 +499,9 @@ def test_a_slow_evaluation_is_cut_to_the_batches_that_fit_in_the_budget(sample_c
             time.sleep(0.15)  # a busy machine: 20 held-out batches take 3 s, as the budget
         return real(self, *args, **kwargs)
     monkeypatch.setattr(model.Transformer, "forward", slow_when_evaluating)
+    # no growth: the evaluations around a growth event run in full and would take the budget
     summary = run(sample_cache, tmp_path, "--minutes", "0.05", "--eval-every", "0.5",
-                  "--eval-batches", "20")
+                  "--eval-batches", "20", "--grow", "none")
     assert summary["status"] == "budget spent"
     # Counts, not seconds (a busy machine may run late): the evaluation in the loop ran fewer
     # batches than asked, the ones off the clock (step 0, the final one) all 20.

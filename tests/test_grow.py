@@ -179,6 +179,15 @@ def test_qk_norm_survives_every_kind_of_growth():
     assert logit_change(cfg, growth, method="zero") <= 1e-5
 
 
+def test_value_residual_survives_function_preserving_growth():
+    # No parameters; inserted identity blocks leave the first block first, and new heads' values
+    # are copies like their first-block counterparts'.
+    cfg = tiny(positions="rotary", value_residual=True)
+    growth = {"n_layers": 4, "d_model": 64, "n_heads": 8, "ffn_dim": 100}
+    assert logit_change(cfg, growth, method="zero") <= 1e-5
+    assert logit_change(cfg, {"n_layers": 4}, method="msg") <= 1e-5
+
+
 @pytest.mark.parametrize("positions,reason", [
     ("sinusoidal", "a width-64 model has other sinusoids"),
     ("alibi", "ALiBi slopes depend on the head count")])
@@ -423,7 +432,7 @@ def test_a_schedule_runs_end_to_end_through_train_py(sample_cache, tmp_path):
                           "--max-seq-len", "32", "--micro-batch", "4", "--batch-tokens", "256",
                           "--eval-batches", "2", "--log-every", "1",
                           "--cache", sample_cache, "--out", str(out), "--max-steps", "30",
-                          "--lr", "3e-3", "--grow", schedule, *CRAMMING_ADAMW])
+                          "--lr", "3e-3", *CRAMMING_ADAMW, "--grow", schedule])
     records = read_log(out)
     events = [r for r in records if r["kind"] == "grow"]
     assert [(e["from"], e["to"]) for e in events] == [
@@ -448,8 +457,8 @@ def test_train_py_rewarms_the_learning_rate_after_growth(sample_cache, tmp_path)
     train.main(["--data", "sample", "--vocab-size", "512", "--model", "tiny", "--max-seq-len", "32",
                 "--micro-batch", "4", "--batch-tokens", "128", "--eval-batches", "1",
                 "--log-every", "1", "--cache", sample_cache, "--out", str(out), "--max-steps", "20",
-                "--grow", "0:layers=1; 0.5:layers=2", "--grow-rewarm", "0.2", "--lr", "1e-3",
-                *CRAMMING_ADAMW])
+                *CRAMMING_ADAMW, "--grow", "0:layers=1; 0.5:layers=2", "--grow-rewarm", "0.2",
+                "--lr", "1e-3"])
     steps = {r["step"]: r for r in read_log(out) if r["kind"] == "train"}
     # Growth happens before step 11 (p = 0.5); the rate then climbs back linearly over 0.2 of the
     # budget, which is 4 steps.

@@ -40,7 +40,8 @@ def test_every_option_combination_trains(positions, norm, norm_position, activat
 
 
 @pytest.mark.parametrize("option", [{"activation": "relu2"}, {"qk_norm": True},
-                                    {"zero_init": True}, {"tie_embeddings": False}])
+                                    {"zero_init": True}, {"tie_embeddings": False},
+                                    {"value_residual": True}])
 def test_each_speedrun_option_trains_every_parameter(option):
     net = seeded_model(tiny(positions="rotary", **option)).train()
     x = tokens(T=8)
@@ -73,7 +74,7 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
         with torch.no_grad():
             block.qkv.weight[: 2 * cfg["d_model"]] *= factor     # the q and k rows of [q; k; v]
         x = torch.randn(2, 6, cfg["d_model"], generator=torch.Generator().manual_seed(0))
-        return block.attend(x, None, model.rotary_cos_sin(torch.arange(6), 8), False)
+        return block.attend(x, None, model.rotary_cos_sin(torch.arange(6), 8), False)[0]
     with torch.no_grad():
         assert torch.allclose(output_after_scaling_qk(True, 1.0),
                               output_after_scaling_qk(True, 30.0), atol=1e-5)
@@ -87,7 +88,30 @@ def test_zero_init_starts_every_block_as_the_identity():
         assert block.out.weight.abs().sum() == 0 and block.down.weight.abs().sum() == 0
         assert block.qkv.weight.std() > 0.01 and block.up.weight.std() > 0.01
         x = torch.randn(2, 5, 32)
-        assert torch.equal(block(x, None, model.rotary_cos_sin(torch.arange(5), 8), False), x)
+        assert torch.equal(block(x, None, model.rotary_cos_sin(torch.arange(5), 8), False)[0], x)
+
+
+def test_value_residual_attends_over_the_mean_of_own_and_first_values():
+    block = seeded_model(tiny(positions="rotary", value_residual=True)).blocks[0]
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(0))
+    rope = model.rotary_cos_sin(torch.arange(6), 8)
+    with torch.no_grad():
+        y, v = block.attend(x, None, rope, False)
+        assert v.shape == (2, 4, 6, 8)                                        # (B, H, T, hd)
+        # Mixing a block's values with themselves changes nothing; mixing them with zeros halves
+        # them, and so (no biases: attention is linear in the values) halves the output.
+        assert torch.allclose(block.attend(x, None, rope, False, v_first=v)[0], y, atol=1e-6)
+        half, own = block.attend(x, None, rope, False, v_first=torch.zeros_like(v))
+        assert torch.allclose(half, 0.5 * y, atol=1e-6) and torch.equal(own, v)
+
+
+def test_value_residual_changes_only_the_blocks_after_the_first():
+    def logits(n_layers, value_residual):
+        net = seeded_model(tiny(n_layers=n_layers, value_residual=value_residual)).eval()
+        with torch.no_grad():
+            return net(tokens(T=8))["logits"]
+    assert torch.equal(logits(1, True), logits(1, False))      # one block: nothing to mix in
+    assert (logits(2, True) - logits(2, False)).abs().max() > 1e-3
 
 
 def test_vocab_is_padded_to_a_multiple_of_64():

@@ -1,10 +1,11 @@
 """The restructure guard: python -m pytest -q tests/test_same_losses.py
 
-Four fixed runs (plain, grown, a two-source mixture, Muon; tests/same_losses.py) must log the
-losses recorded in tests/same_losses.json: the first three before train.py, data.py and the others
-were split into files of one concept each, the fourth (Muon, warmup-stable-decay) when those
-became the defaults. A change that means to change what training computes records them again with
-`python tests/same_losses.py --save tests/same_losses.json` and says why in its commit.
+Four fixed runs (plain, grown, a two-source mixture, the defaults; tests/same_losses.py) must log
+the losses recorded in tests/same_losses.json: the first three before train.py, data.py and the
+others were split into files of one concept each, the fourth (Muon, warmup-stable-decay, depth
+growth) when depth growth joined the defaults. A change that means to change what training
+computes records them again with `python tests/same_losses.py --save tests/same_losses.json` and
+says why in its commit.
 """
 import json
 import math
@@ -25,7 +26,7 @@ def close(got, want):
     return got == want
 
 
-def test_the_plain_grown_mixture_and_muon_runs_log_the_recorded_losses(tmp_path):
+def test_the_plain_grown_mixture_and_default_runs_log_the_recorded_losses(tmp_path):
     with open(same_losses.RECORD) as f:
         recorded = json.load(f)
     found = same_losses.run_all(str(tmp_path))
@@ -37,4 +38,5 @@ def test_the_plain_grown_mixture_and_muon_runs_log_the_recorded_losses(tmp_path)
     # the record is not trivially satisfied: the runs learn and the grown run grew
     assert recorded["plain"][-1][2]["val_loss"] < recorded["plain"][0][2]["val_loss"] - 0.3
     assert any(kind == "grow" for kind, _, _ in recorded["grown"])
-    assert recorded["muon"][-1][2]["val_loss"] < recorded["muon"][0][2]["val_loss"] - 0.3
+    assert recorded["defaults"][-1][2]["val_loss"] < recorded["defaults"][0][2]["val_loss"] - 0.3
+    assert any(kind == "grow" for kind, _, _ in recorded["defaults"])

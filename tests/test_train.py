@@ -92,13 +92,14 @@ def chosen(argv, flops_per_s, on_gpu):
 def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
     picks = chosen(["--minutes", "2"], flops_per_s=2e10, on_gpu=False)
     assert picks == {"model": "tiny", "vocab_size": 512, "max_seq_len": 64, "batch_tokens": 2048,
-                     "micro_batch": 32, "lr": 0.048}        # Muon: 4 x AdamW's 0.012
+                     "micro_batch": 32, "grow": "depth", "lr": 0.048}  # Muon: 4 x AdamW's 0.012
 
 
 def test_a_gpu_day_gets_crammings_base_model_and_batch():
     picks = chosen(["--hours", "24"], flops_per_s=0.4 * 989e12, on_gpu=True)
     assert picks == {"model": "base", "vocab_size": 32768, "max_seq_len": 128,
-                     "batch_tokens": 8192 * 128, "micro_batch": 128, "lr": 4e-3}  # Muon's
+                     "batch_tokens": 8192 * 128, "micro_batch": 128, "grow": "depth",
+                     "lr": 4e-3}  # Muon's
 
 
 def test_the_chosen_model_grows_with_the_budget():
@@ -115,7 +116,37 @@ def test_a_token_budget_sizes_the_batch_for_about_1000_steps():
 def test_flags_given_always_win_over_the_chosen_defaults():
     argv = ["--minutes", "2", "--model", "mini", "--batch-tokens", "4096", "--max-seq-len", "32"]
     picks = chosen(argv, flops_per_s=2e10, on_gpu=False)
-    assert picks == {"vocab_size": 8192, "micro_batch": 32, "lr": 0.012}  # Muon: 4 x 0.003
+    assert picks == {"vocab_size": 8192, "micro_batch": 32, "grow": "depth",
+                     "lr": 0.012}  # Muon: 4 x 0.003
+
+
+def test_depth_growth_is_chosen_unless_the_run_cannot_grow():
+    def picked(*argv):
+        return chosen(["--minutes", "2", *argv], flops_per_s=2e10, on_gpu=False)["grow"]
+    assert picked() == "depth"
+    assert picked("--n-layers", "1") == "none"                  # nothing to halve
+    assert picked("--shard", "fsdp") == "none"                  # the operators need whole tensors
+    assert picked("--arch", "modernbert") == "none"             # its first block has no growth rule
+    assert "grow" not in chosen(["--minutes", "2", "--grow", "none"], 2e10, False)  # given: wins
+    stages = grow.parse_schedule("depth", model.make_config("mini"))
+    assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 2), (0.3, 4)]
+
+
+def test_a_default_run_grows_at_30_percent_and_resumes_an_older_run_without_growth(
+        sample_cache, tmp_path):
+    out = tmp_path / "grown"
+    run(sample_cache, out, "--max-steps", "10", "--optimizer", "muon")
+    grows = [r for r in read_log(out) if r["kind"] == "grow"]
+    assert [(g["step"], g["from"].split()[0], g["to"].split()[0]) for g in grows] == [
+        (3, "n_layers=1", "n_layers=2")]
+    # An args.json written before depth growth became the default saved "grow": null, which
+    # meant no growth; resuming it must not start growing.
+    old = tmp_path / "old"
+    run(sample_cache, old, "--max-steps", "4", "--grow", "none", "--checkpoint-steps", "2")
+    saved = json.loads((old / "args.json").read_text())
+    (old / "args.json").write_text(json.dumps({**saved, "grow": None}))
+    run(sample_cache, old, "--max-steps", "8", "--resume")
+    assert not [r for r in read_log(old) if r["kind"] == "grow"]
 
 
 def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(sample_cache, tmp_path,
@@ -592,10 +623,10 @@ def test_embedding_norm_can_be_switched_off(sample_cache, tmp_path):
 
 def test_the_speedrun_architecture_options_reach_the_saved_config(sample_cache, tmp_path):
     run(sample_cache, tmp_path, "--max-steps", "1", "--tie-embeddings", "off", "--qk-norm", "on",
-        "--zero-init", "on", "--activation", "relu2")
+        "--zero-init", "on", "--activation", "relu2", "--value-residual", "on")
     cfg = json.loads((tmp_path / "final" / "config.json").read_text())
-    assert (cfg["tie_embeddings"], cfg["qk_norm"], cfg["zero_init"], cfg["activation"]) == (
-        False, True, True, "relu2")
+    assert (cfg["tie_embeddings"], cfg["qk_norm"], cfg["zero_init"], cfg["activation"],
+            cfg["value_residual"]) == (False, True, True, "relu2", True)
 
 
 # --- starting a new run from old weights (--init-from) ---------------------------------------

@@ -24,8 +24,9 @@ import planning
 
 BUDGET_KEYS = ("hours", "minutes", "max_steps", "max_tokens")
 # Flags added after the default they replaced: a run whose args.json predates one ran with this
-# value, and resumes with it (Muon became the default with the flag's second version).
-BEFORE_THE_FLAG = {"optimizer": "adamw"}
+# value, and resumes with it (Muon became the default with the flag's second version; the value
+# residual became one later).
+BEFORE_THE_FLAG = {"optimizer": "adamw", "value_residual": "off"}
 
 
 def parse_args(argv=None):
@@ -107,7 +108,7 @@ def add_model_flags(p):
                    help="start the blocks' output projections at zero (default: off)")
     g.add_argument("--value-residual", choices=["on", "off"], default=None,
                    help="every block after the first also attends over the first block's values "
-                   "(ResFormer; default: off)")
+                   "(ResFormer; default: on, off with --arch modernbert)")
     g.add_argument("--first-attention-norm", choices=["on", "off"], default=None,
                    help="the first block normalizes its attention input (default: on; "
                    "--arch modernbert: off)")

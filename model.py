@@ -290,14 +290,16 @@ class Block(nn.Module):
         self.down = nn.Linear(f, d, bias=bias)
 
     def attend(self, x, mask, rope, is_causal, v_first=None):
-        """x (B, T, d) -> (B, T, d), and this block's own values (B, H, T, hd; None unless the
-        config's value_residual is on). mask: None, or bool/float (B|1, 1|H, T, T) added to the
-        scores. v_first: the first block's values, to mix in (value_residual), or None."""
+        """x (B, T, d) -> (B, T, d), and this block's own values (B, H, T, hd) if it is the first
+        block of a value_residual model (v_first None), else None. mask: None, or bool/float
+        (B|1, 1|H, T, T) added to the scores. v_first: the first block's values, to mix in."""
         B, T, d = x.shape
         # (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd): heads become a batch dimension (SDPA).
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         qk, v = qkv[:2], qkv[2]                                  # (2, B, H, T, hd), (B, H, T, hd)
-        own_v = v if self.value_residual else None  # only the trunk's value residual reads it
+        # Only the first block's values are read (the trunk's value residual); a copy, not a view
+        # of qkv, so that FSDP's hooks on a block's outputs see a tensor of its own.
+        own_v = v.contiguous() if self.value_residual and v_first is None else None
         # Value residual (Zhou et al. 2024, "Value Residual Learning", ResFormer; the
         # modded-nanogpt speedrun): attend over the mean of this block's values and the first
         # block's, so every layer can still reach the token-level values that deep layers'
@@ -344,9 +346,9 @@ class Block(nn.Module):
         return self.down(h)
 
     def forward(self, x, mask, rope, is_causal, v_first=None):
-        """x (B, T, d) -> (B, T, d), and the block's own attention values (B, H, T, hd), which the
-        trunk hands the later blocks as v_first when the config's value_residual is on (else
-        None)."""
+        """x (B, T, d) -> (B, T, d), and attend's values: the first block's (B, H, T, hd), which the
+        trunk hands the later blocks as v_first when the config's value_residual is on, else
+        None."""
         # Residual dropout on each sublayer's output before the add; p = 0 while pretraining.
         drop = lambda y: F.dropout(y, self.dropout, self.training)  # noqa: E731
         # Pre-LN: x + f(norm(x)). The residual stream is a plain sum that no norm rescales, so

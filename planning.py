@@ -52,6 +52,10 @@ def model_config(args, vocab_size):
     keys = SIZE_KEYS + CHOICE_KEYS
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     overrides.update({k: getattr(args, k) == "on" for k in ON_OFF_KEYS if getattr(args, k)})
+    # train.py's crammed family has the value residual unless --value-residual off (the speedrun's
+    # record 4, docs/records.md); --arch modernbert stays ModernBERT's function exactly
+    if args.value_residual is None and args.arch == "crammed":
+        overrides["value_residual"] = True
     return model.make_config(args.model, arch=args.arch, **overrides, vocab_size=vocab_size,
                              max_seq_len=args.max_seq_len, objective=args.objective,
                              mask_rate=args.mask_rate, dropout=0.0)
@@ -106,7 +110,8 @@ def world_size():
 
 def choose_defaults(args, flops_per_s, world, on_gpu):
     """({flag: value} for --model, --vocab-size, --max-seq-len, --batch-tokens, --micro-batch,
-    --grow and --lr left unset, the sentence saying why). args is not changed."""
+    --grow, --value-residual and --lr left unset, the sentence saying why). args is not
+    changed."""
     n_star, basis, compute = optimal_params(args, flops_per_s, world)
     chosen = {}
     # no budget in seconds or tokens: base for a GPU, tiny for a CPU; --init-from has its shape
@@ -146,6 +151,8 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
         # (two layers or more, and not ModernBERT's first block).
         grows = args.shard == "ddp" and not args.init_from and can_grow_depth(cfg)
         chosen["grow"] = "depth" if grows else "none"
+    if args.value_residual is None and not args.init_from:  # saved in args.json as chosen
+        chosen["value_residual"] = "on" if cfg["value_residual"] else "off"
     if args.lr is None:
         # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: docs/train.md.
         # Muon's is four times that (docs/records.md).
@@ -197,7 +204,8 @@ def why_chosen(chosen, basis, n_star, tokens):
     if not chosen:
         return ""
     words = [f"{k.replace('_', '-')} {v:,}" if isinstance(v, int) else
-             f"{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"{k} {v}"
+             f"{k.replace('_', '-')} {v:g}" if isinstance(v, float) else
+             f"{k.replace('_', '-')} {v}"
              for k, v in chosen.items()]
     why = f"for {basis}"
     if n_star:

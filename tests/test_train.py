@@ -92,14 +92,15 @@ def chosen(argv, flops_per_s, on_gpu):
 def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
     picks = chosen(["--minutes", "2"], flops_per_s=2e10, on_gpu=False)
     assert picks == {"model": "tiny", "vocab_size": 512, "max_seq_len": 64, "batch_tokens": 2048,
-                     "micro_batch": 32, "grow": "depth", "lr": 0.048}  # Muon: 4 x AdamW's 0.012
+                     "micro_batch": 32, "grow": "depth", "value_residual": "on",
+                     "lr": 0.048}  # Muon: 4 x AdamW's 0.012
 
 
 def test_a_gpu_day_gets_crammings_base_model_and_batch():
     picks = chosen(["--hours", "24"], flops_per_s=0.4 * 989e12, on_gpu=True)
     assert picks == {"model": "base", "vocab_size": 32768, "max_seq_len": 128,
                      "batch_tokens": 8192 * 128, "micro_batch": 128, "grow": "depth",
-                     "lr": 4e-3}  # Muon's
+                     "value_residual": "on", "lr": 4e-3}  # Muon's
 
 
 def test_the_chosen_model_grows_with_the_budget():
@@ -117,7 +118,17 @@ def test_flags_given_always_win_over_the_chosen_defaults():
     argv = ["--minutes", "2", "--model", "mini", "--batch-tokens", "4096", "--max-seq-len", "32"]
     picks = chosen(argv, flops_per_s=2e10, on_gpu=False)
     assert picks == {"vocab_size": 8192, "micro_batch": 32, "grow": "depth",
-                     "lr": 0.012}  # Muon: 4 x 0.003
+                     "value_residual": "on", "lr": 0.012}  # Muon: 4 x 0.003
+
+
+def test_the_value_residual_is_chosen_for_the_crammed_family_only():
+    def picked(*argv):
+        return chosen(["--minutes", "2", *argv], flops_per_s=2e10, on_gpu=False)
+    assert picked()["value_residual"] == "on"
+    assert picked("--arch", "modernbert")["value_residual"] == "off"  # stays ModernBERT exactly
+    assert "value_residual" not in picked("--value-residual", "off")  # given: wins
+    # A run saved before the flag existed resumes without it, as it ran.
+    assert flags.BEFORE_THE_FLAG["value_residual"] == "off"
 
 
 def test_depth_growth_is_chosen_unless_the_run_cannot_grow():
@@ -268,9 +279,11 @@ def test_a_budget_shorter_than_one_step_ends_within_a_micro_batch(sample_cache, 
 def test_a_step_cut_short_is_the_mean_over_the_micro_batches_it_has(sample_cache, tmp_path):
     """A step cut after a few of its 8192 micro-batches must still be scaled to their mean.
     Unscaled, it would carry ~1/1000 of a normal gradient."""
-    run(sample_cache, tmp_path / "one", "--max-steps", "1", "--batch-tokens", "128")
+    # One shape throughout: a growth event would spend this 2-second budget on its evaluations.
+    run(sample_cache, tmp_path / "one", "--max-steps", "1", "--batch-tokens", "128",
+        "--grow", "none")
     run(sample_cache, tmp_path / "cut", "--minutes", "0.03", "--batch-tokens", str(2 ** 20),
-        "--batch-ramp", "0")
+        "--batch-ramp", "0", "--grow", "none")
     one, cut = ([r for r in read_log(tmp_path / name) if r["kind"] == "train"][0]
                 for name in ("one", "cut"))
     assert 128 < cut["batch_tokens"] < 2 ** 20
@@ -368,8 +381,9 @@ def test_a_mixture_run_stopped_dead_and_resumed_ends_with_the_same_weights(tmp_p
 
 # --- fault tolerance --------------------------------------------------------------------
 
-def test_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_path):
-    flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50"]
+@pytest.mark.parametrize("option", [[], ["--value-residual", "off"]])
+def test_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_path, option):
+    flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50", *option]
     run(sample_cache, tmp_path / "straight", *flags)
     proc = spawn(sample_cache, tmp_path / "killed", *flags)
     ckpt = tmp_path / "killed" / "checkpoint.pt"
@@ -434,8 +448,12 @@ def test_repeated_non_finite_losses_stop_and_restore_the_last_good_checkpoint(
 
 # --- distributed ------------------------------------------------------------------------
 
-def test_two_process_ddp_equals_one_process_with_the_same_global_batch(sample_cache, tmp_path):
-    flags = ["--max-steps", "5", "--batch-ramp", "0", "--batch-tokens", "256", "--eval-every", "1"]
+@pytest.mark.parametrize("option", [[], ["--value-residual", "off"]])
+def test_two_process_ddp_equals_one_process_with_the_same_global_batch(sample_cache, tmp_path,
+                                                                      option):
+    # Five steps of the defaults, depth growth (at step 2) and the value residual included.
+    flags = ["--max-steps", "5", "--batch-ramp", "0", "--batch-tokens", "256", "--eval-every", "1",
+             *option]
     run(sample_cache, tmp_path / "single", *flags, "--micro-batch", "8")
     proc = spawn(sample_cache, tmp_path / "ddp", *flags, "--micro-batch", "4",
                  launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))

@@ -381,9 +381,9 @@ def test_a_mixture_run_stopped_dead_and_resumed_ends_with_the_same_weights(tmp_p
 
 # --- fault tolerance --------------------------------------------------------------------
 
-@pytest.mark.parametrize("option", [[], ["--value-residual", "off"]])
-def test_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_path, option):
-    flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50", *option]
+def test_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_path):
+    # The defaults: depth growth and the value residual included.
+    flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50"]
     run(sample_cache, tmp_path / "straight", *flags)
     proc = spawn(sample_cache, tmp_path / "killed", *flags)
     ckpt = tmp_path / "killed" / "checkpoint.pt"
@@ -448,12 +448,9 @@ def test_repeated_non_finite_losses_stop_and_restore_the_last_good_checkpoint(
 
 # --- distributed ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("option", [[], ["--value-residual", "off"]])
-def test_two_process_ddp_equals_one_process_with_the_same_global_batch(sample_cache, tmp_path,
-                                                                      option):
+def test_two_process_ddp_equals_one_process_with_the_same_global_batch(sample_cache, tmp_path):
     # Five steps of the defaults, depth growth (at step 2) and the value residual included.
-    flags = ["--max-steps", "5", "--batch-ramp", "0", "--batch-tokens", "256", "--eval-every", "1",
-             *option]
+    flags = ["--max-steps", "5", "--batch-ramp", "0", "--batch-tokens", "256", "--eval-every", "1"]
     run(sample_cache, tmp_path / "single", *flags, "--micro-batch", "8")
     proc = spawn(sample_cache, tmp_path / "ddp", *flags, "--micro-batch", "4",
                  launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))

@@ -23,10 +23,11 @@ import model
 import planning
 
 BUDGET_KEYS = ("hours", "minutes", "max_steps", "max_tokens")
-# Flags added after the default they replaced: a run whose args.json predates one ran with this
-# value, and resumes with it (Muon became the default with the flag's second version; the value
-# residual became one later).
-BEFORE_THE_FLAG = {"optimizer": "adamw", "value_residual": "off"}
+# Defaults that changed: a run whose args.json lacks the key (the flag is newer than the run) or
+# saved it as null (left unset when unset meant none of it) ran with this value, and resumes with
+# it. Muon became the default with the flag's second version; depth growth and the value residual
+# later.
+BEFORE_THE_FLAG = {"optimizer": "adamw", "value_residual": "off", "grow": "none"}
 
 
 def parse_args(argv=None):
@@ -383,9 +384,8 @@ def resume_settings(args):
         return args, None
     given = {k: getattr(args, k) for k in BUDGET_KEYS} if budget_given(args) else None
     with open(saved) as f:  # other flags a newer train.py added keep their defaults
-        settings = {**BEFORE_THE_FLAG, **json.load(f)}
-    if settings.get("grow") is None:  # saved before depth growth became the default: none
-        settings["grow"] = "none"
+        settings = json.load(f)
+    settings.update({k: v for k, v in BEFORE_THE_FLAG.items() if settings.get(k) is None})
     resumed = argparse.Namespace(**{**vars(args), **settings, "resume": True, "out": args.out})
     if given and given != {k: getattr(resumed, k) for k in BUDGET_KEYS}:
         return argparse.Namespace(**{**vars(resumed), **given}), budget_text(resumed)

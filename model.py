@@ -529,9 +529,9 @@ class Transformer(nn.Module):
         x = self.embed(input_ids, position_ids)
         v_first = None  # (B, H, T, hd): the first block's values, once value_residual has them
         for block in self.blocks:
+            # Only the first block of a value_residual model hands values on (the rest: None).
             x, v = block(x, mask, rope, is_causal, v_first)
-            if self.config["value_residual"] and v_first is None:
-                v_first = v
+            v_first = v if v_first is None else v_first
         return x
 
     def finish(self, h):

@@ -203,9 +203,8 @@ def why_chosen(chosen, basis, n_star, tokens):
     """'chose model tiny, vocab-size 512, ... for 120 s x 30 GFLOP/s = ...': the start-up line."""
     if not chosen:
         return ""
-    words = [f"{k.replace('_', '-')} {v:,}" if isinstance(v, int) else
-             f"{k.replace('_', '-')} {v:g}" if isinstance(v, float) else
-             f"{k.replace('_', '-')} {v}"
+    words = [k.replace("_", "-") + " " + (f"{v:,}" if isinstance(v, int) else
+                                           f"{v:g}" if isinstance(v, float) else v)
              for k, v in chosen.items()]
     why = f"for {basis}"
     if n_star:

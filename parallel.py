@@ -205,6 +205,16 @@ def free_memory(device):
         torch.mps.empty_cache()
 
 
+def out_of_memory_exit(where, cfg, *, device, world, shard):
+    """The one-line error when halving cannot help: what ran out, and what the model needs."""
+    need = memory_per_rank(cfg, world, shard)["total"]
+    return SystemExit(f"error: out of memory {where} on {device}: the model has "
+                      f"{model.count_params(cfg) / 1e6:.1f} M parameters, which need "
+                      f"{need / 1e9:.2f} GB per rank for weights, gradients and AdamW before any "
+                      "activation; try --checkpoint-activations, --shard fsdp, --dtype bf16 or a "
+                      "smaller --model")
+
+
 def memory_per_rank(cfg, world, shard):
     """Bytes of training state on each rank, in fp32: parameters 4 per parameter, gradients
     4, AdamW's two moments 8. Activations come on top, and under FSDP the all-gathered

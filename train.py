@@ -20,7 +20,8 @@ loading); from then on it counts everything: compilation, evaluations, growth an
 
 Other files do the rest: flags.py reads the command line, planning.py chooses the defaults, data.py
 prepares the corpus, loader.py serves batches, model.py is the network, parallel.py the ranks,
-budget.py the clock, and checkpoint.py saves and resumes.
+budget.py the clock, held_out.py measures the held-out loss, and checkpoint.py saves and
+resumes.
 
 Output in --out: log.jsonl (one line per logged step, evaluation and growth), checkpoint.pt (or the
 folder checkpoint.dcp/ under FSDP), final/ (model.py's folder with tokenizer.json and meta.json),
@@ -51,6 +52,7 @@ import parallel
 import planning
 import scaling
 import tokenizer
+from held_out import HeldOut, log_eval, samples, val_text  # the instance is called held_out
 from loader import make_loader  # a function: train.py calls its Loader `loader`
 
 # -----------------------------------------------------------------------------
@@ -311,10 +313,11 @@ def grow_now(net, optimizer, p, why, *, state, stages, args, hw, held_out, out):
             raise
         # A smaller micro-batch frees nothing here (no activation is held): a new run must
         # make room. The last checkpoint is from before this stage.
-        raise out_of_memory_exit(
+        raise parallel.out_of_memory_exit(
             f"growing to {grow.describe(stages[state.stage]['config'])} at step {state.step} "
             f"(the last checkpoint, {out.ckpt_path}, is from before it)",
-            stages[state.stage]["config"], args, hw) from None
+            stages[state.stage]["config"], device=hw.device, world=hw.world,
+            shard=args.shard) from None
     # compile and DDP must see the new shapes: wrap the grown model again
     net = parallel.wrap(plain.to(hw.device).train(), args, hw.device, hw.world)
     loss_after = held_out.evaluate(net)["val_loss"]
@@ -344,24 +347,15 @@ def back_off(error, net, optimizer, loader, position, had_state, *, state, args,
     # One sequence that does not fit has nothing left to halve. Several ranks would have to agree
     # on the retry inside their collectives: there the error ends the run too.
     if B == 1 or hw.world > 1:
-        raise out_of_memory_exit(f"at micro-batch {B}", model.unwrap(net).config, args,
-                                 hw) from None
+        raise parallel.out_of_memory_exit(f"at micro-batch {B}", model.unwrap(net).config,
+                                          device=hw.device, world=hw.world,
+                                          shard=args.shard) from None
     state.micro_batch = B // 2
     loader.load_state_dict(position)
     out.log({"kind": "back_off", "step": state.step, "micro_batch": state.micro_batch,
              "error": str(error).splitlines()[0][:200]})
     out.say(f"out of memory at step {state.step + 1}: micro-batch {B} -> {state.micro_batch} "
             "sequences, twice the accumulation: the same global batch; retrying the step")
-
-
-def out_of_memory_exit(where, cfg, args, hw):
-    """The one-line error when halving cannot help: what ran out, and what the model needs."""
-    need = parallel.memory_per_rank(cfg, hw.world, args.shard)["total"]
-    return SystemExit(f"error: out of memory {where} on {hw.device}: the model has "
-                      f"{model.count_params(cfg) / 1e6:.1f} M parameters, which need "
-                      f"{need / 1e9:.2f} GB per rank for weights, gradients and AdamW before any "
-                      "activation; try --checkpoint-activations, --shard fsdp, --dtype bf16 or a "
-                      "smaller --model")
 
 
 def checkpoint_due(args, state, last_ckpt):
@@ -671,153 +665,6 @@ def describe_run(net, args, hw, clock, out, stages):
     if args.shard == "fsdp":  # a collective: every rank reports what it holds
         out.say(f"parameter bytes held by each rank after fully_shard: "
                 f"{parallel.bytes_per_rank(net, hw.world)}")
-
-
-# -----------------------------------------------------------------------------
-# Evaluation: held-out loss, and a sample of what the model does
-
-class HeldOut:
-    """The held-out loss, on the same --eval-batches batches every time (read in order with a
-    fixed seed: the same masks in every run, so curves compare), at the model's sequence length,
-    averaged over ranks. A corpus mixture evaluates each source's own val split. Out of memory in
-    an evaluation halves its own micro-batch: the same sequences, in more forward passes."""
-
-    def __init__(self, args, hw, meta, clock, out):
-        self.args, self.hw, self.meta, self.clock, self.out = args, hw, meta, clock, out
-        self.batches = {}     # {sequence length: {source: [batch]}}, read on first use
-        self.seconds = None   # seconds per held-out batch, the last measured
-        self.micro_batch = args.micro_batch  # sequences per forward pass, halved on out of memory
-
-    def read(self, source, T):
-        """--eval-batches batches of source's val split (source None: the one corpus)."""
-        args, hw = self.args, self.hw
-        settings = {"objective": args.objective, "seed": 1234, "rank": hw.rank,
-                    "world_size": hw.world, "mask_rate": args.mask_rate}
-        loader = make_loader(self.meta, "val", settings, device=hw.device, prefetch=False,
-                             source=source)
-        return [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
-
-    def evaluate(self, net, within_budget=False):
-        """{"val_loss": the mean held-out loss}; for a mixture, val_loss is the mean weighted by
-        the mixture and "val_loss_by_source" has each. within_budget: stop before a batch that
-        would end past the wall-clock deadline ("eval_batches" then says how many ran; None if
-        not one fits)."""
-        while True:
-            try:
-                return self.evaluate_once(net, within_budget)
-            except RuntimeError as error:  # out of memory: halve the micro-batch, start again
-                self.back_off(error, model.unwrap(net).config)
-
-    @torch.no_grad()
-    def evaluate_once(self, net, within_budget):
-        plain, args, hw = model.unwrap(net), self.args, self.hw
-        T = plain.config["max_seq_len"]
-        names = [s["name"] for s in self.meta.get("sources", [])] or [None]  # None: one corpus
-        if T not in self.batches:
-            self.batches[T] = {name: self.read(name, T) for name in names}
-        was_training = plain.training
-        plain.eval()  # no dropout; eager and outside DDP (under FSDP: the sharded module itself)
-        total = torch.zeros(len(names), device=hw.device)
-        amp, started, n = parallel.autocast(hw.device, hw.dtype), time.time(), args.eval_batches
-        try:
-            for j in range(args.eval_batches):  # batch j of every source: a cut keeps them even
-                if within_budget and not self.batch_fits((time.time() - started) / max(j, 1)):
-                    n = j
-                    break
-                for i, name in enumerate(names):
-                    with amp():
-                        total[i] += self.batch_loss(plain, self.batches[T][name][j])
-        finally:
-            plain.train(was_training)
-        self.seconds = (time.time() - started) / max(n, 1)  # per batch: the next cut's estimate
-        if n == 0:
-            return None
-        # each rank evaluated its own slice of the held-out batches: the mean over all of them
-        total = parallel.sum_over_ranks(total, hw.world)
-        losses = [t / (n * hw.world) for t in total.tolist()]
-        cut = {"eval_batches": n} if n < args.eval_batches else {}
-        if names == [None]:
-            return {"val_loss": losses[0], **cut}
-        weighted = sum(s["weight"] * loss for s, loss in zip(self.meta["sources"], losses))
-        return {"val_loss": weighted, "val_loss_by_source": dict(zip(names, losses)), **cut}
-
-    def batch_loss(self, plain, batch):
-        """The mean loss over one held-out batch's predicted tokens, in forward passes of
-        self.micro_batch sequences: each piece's mean weighted by its share of the predicted
-        tokens, so the result is the whole batch's mean however it is cut."""
-        B = batch["input_ids"].shape[0]
-        if self.micro_batch >= B:
-            return plain(**batch)["loss"].float()
-        counted = (batch["labels"] != -100).sum()  # labels (B, T) or MLM's (B, k); -100: none
-        loss = 0.0
-        for start in range(0, B, self.micro_batch):
-            piece = {k: v[start:start + self.micro_batch] for k, v in batch.items()}
-            share = (piece["labels"] != -100).sum() / counted
-            loss = loss + plain(**piece)["loss"].float() * share
-        return loss
-
-    def back_off(self, error, cfg):
-        """Out of memory in an evaluation: free what it held and halve its micro-batch (the
-        training step's is not touched: a step that fits keeps its size). Any other error is
-        raised again; one sequence that does not fit, or several ranks (their collectives would
-        have to agree on the retry), end the run with one line."""
-        if not parallel.is_out_of_memory(error):
-            raise error
-        if self.micro_batch == 1 or self.hw.world > 1:
-            raise out_of_memory_exit(f"evaluating at micro-batch {self.micro_batch}", cfg,
-                                     self.args, self.hw) from None
-        parallel.free_memory(self.hw.device)
-        before, self.micro_batch = self.micro_batch, self.micro_batch // 2
-        self.out.log({"kind": "back_off", "evaluation": True, "micro_batch": self.micro_batch,
-                      "error": str(error).splitlines()[0][:200]})
-        self.out.say(f"out of memory in an evaluation: micro-batch {before} -> "
-                     f"{self.micro_batch} sequences; evaluating again")
-
-    def batch_fits(self, seconds):
-        """Would one more held-out batch (seconds: as long as this evaluation's so far, or the
-        last evaluation's) end before the wall-clock deadline, on the slowest rank's clock? An
-        evaluation counts against the budget like everything after the start, so a slow one on a
-        busy machine is cut to the batches that fit rather than end the run late."""
-        if not self.clock.seconds:  # a step or token budget: evaluations cost none of it
-            return True
-        seconds = max(seconds, self.seconds or 0.0)
-        elapsed, _ = parallel.agree_on_clock(self.clock.elapsed() + seconds, [], self.hw.device,
-                                             self.hw.world)
-        return elapsed <= self.clock.seconds
-
-
-def val_text(losses):
-    """'3.410', or for a mixture '3.410 (plays 3.302, sonnets 3.671)': the progress line's loss."""
-    by_source = losses.get("val_loss_by_source", {})
-    each = ", ".join(f"{name} {loss:.3f}" for name, loss in by_source.items())
-    return f"{losses['val_loss']:.3f} ({each})" if each else f"{losses['val_loss']:.3f}"
-
-
-def log_eval(out, state, p, losses, elapsed, **extra):
-    """An 'eval' record in log.jsonl. elapsed: the clock's seconds (0 for the step-0 evaluation,
-    which runs before the clock starts)."""
-    out.log({"kind": "eval", "step": state.step, "tokens": state.tokens, "flops": state.flops,
-             "elapsed": round(elapsed, 3), "progress": round(p, 5), **losses, **extra})
-
-
-SAMPLE_TEXT = {"mlm": "To be, or not to [MASK], that is the question. I [MASK] you, my lord.",
-               "clm": "To be, or not to be, that is"}
-
-
-def samples(net, enc, args, rank):
-    """model.sample_line for --sample-text on rank 0, '' on the others. Under FSDP every rank runs
-    the forward passes, with the root's tensors all-gathered for the whole call."""
-    plain = model.unwrap(net)
-    text = args.sample_text or SAMPLE_TEXT[args.objective]
-    text = text.lower() if args.lowercase else text  # as the corpus was cleaned
-    if args.shard != "fsdp":
-        return model.sample_line(plain, enc, text, args.objective) if rank == 0 else ""
-    plain.unshard()
-    try:
-        line = model.sample_line(plain, enc, text, args.objective)
-    finally:
-        plain.reshard()
-    return line if rank == 0 else ""
 
 
 # -----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ Why it is fair (a comparison counts only if the baseline had a fair chance):
     seed) and the same masks: HF gets dense labels (-100 elsewhere) scattered from our sparse
     labels, so both predict the same tokens at the same positions (ModernBERT's sparse head keeps
     exactly the positions whose label is not -100). Held-out loss is measured the same way for
-    both (train.HeldOut's batches: the val split in order, seed 1234, --eval-batches x
+    both (held_out.HeldOut's batches: the val split in order, seed 1234, --eval-batches x
     --micro-batch sequences) at the same fractions of the budget (every 10%), and evaluation time
     counts against both clocks; the final evaluation is outside both.
   - recipe: HF gets its own published recipe, not a strawman: AdamW betas (0.9, 0.98), eps 1e-6,
@@ -270,7 +270,7 @@ def hf_loss(net, batch, dtype):
 
 @torch.no_grad()
 def hf_evaluate(net, meta, s, device, dtype):
-    """Mean held-out loss on exactly train.HeldOut's batches: the val split in order, seed 1234."""
+    """Mean held-out loss on exactly held_out.HeldOut's batches: the val split in order, seed 1234."""
     loader = make_loader(meta, "val", {"seed": 1234, "mask_rate": s.mask_rate}, device=device,
                          prefetch=False)
     net.eval()

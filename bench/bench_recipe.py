@@ -109,7 +109,7 @@ def read_final(folder):
 
 
 def loss_at_common_masking(folder, cache, mask_rate=0.25, batches=16):
-    """The held-out loss of a run's final model on train.HeldOut's batches, with mask_rate of the
+    """The held-out loss of a run's final model on held_out.HeldOut's batches, with mask_rate of the
     tokens masked. A run reports its loss at its own masking rate, and those are not comparable:
     fewer masks leave more context to each prediction. For a run trained at mask_rate this
     reproduces its reported loss."""

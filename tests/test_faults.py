@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import checkpoint
+import held_out
 import model
 import train
 from conftest import ROOT, read_log
@@ -462,13 +463,13 @@ def test_the_checkpoint_is_written_before_an_evaluation_due_in_the_same_step(sam
     """Step 6 is due for both (--checkpoint-steps 6; --eval-every 0.5 of 10 steps evaluates after
     the step that starts at 50%, step 6). The evaluation dies: the checkpoint of step 6 is there
     only if it was written first (swapped, there would be no checkpoint at all)."""
-    real = train.HeldOut.evaluate
+    real = held_out.HeldOut.evaluate
 
     def dies_in_the_loop(self, net, within_budget=False):
         if within_budget:
             raise RuntimeError("killed during evaluation")
         return real(self, net, within_budget)
-    monkeypatch.setattr(train.HeldOut, "evaluate", dies_in_the_loop)
+    monkeypatch.setattr(held_out.HeldOut, "evaluate", dies_in_the_loop)
     with pytest.raises(RuntimeError, match="killed during evaluation"):
         run(sample_cache, tmp_path, "--max-steps", "10", "--eval-every", "0.5",
             "--checkpoint-steps", "6")

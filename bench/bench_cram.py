@@ -270,7 +270,7 @@ def hf_loss(net, batch, dtype):
 
 @torch.no_grad()
 def hf_evaluate(net, meta, s, device, dtype):
-    """Mean held-out loss on exactly held_out.HeldOut's batches: the val split in order, seed 1234."""
+    """The held-out loss on held_out.HeldOut's batches: the val split in order, seed 1234."""
     loader = make_loader(meta, "val", {"seed": 1234, "mask_rate": s.mask_rate}, device=device,
                          prefetch=False)
     net.eval()

@@ -4,10 +4,8 @@
     losses = held_out.evaluate(net)                  # {"val_loss": 3.41}
     out.say(f"held-out loss {val_text(losses)}; {samples(net, enc, args, rank)}")
 
-Every evaluation reads the same --eval-batches batches of the val split (in order, seed 1234, so
-the masks are the same in every run and curves compare), at the model's current sequence length,
-averaged over ranks. A corpus mixture evaluates each source's val split and weights them as the
-mixture does. Out of memory in an evaluation halves its own micro-batch and evaluates again.
+HeldOut's docstring says which batches it reads and what it does on out of memory; val_text,
+log_eval and samples are the printed line, the log record and the sample that go with it.
 """
 import time
 

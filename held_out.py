@@ -32,7 +32,7 @@ class HeldOut:
         """--eval-batches batches of source's val split (source None: the one corpus)."""
         args, hw = self.args, self.hw
         settings = {"objective": args.objective, "seed": 1234, "rank": hw.rank,
-                    "world_size": hw.world, "mask_rate": args.mask_rate}
+                    "world_size": hw.world, "mask_rate": eval_mask_rate(args)}
         loader = make_loader(self.meta, "val", settings, device=hw.device, prefetch=False,
                              source=source)
         return [loader.next_batch(args.micro_batch, T) for _ in range(args.eval_batches)]
@@ -125,6 +125,12 @@ class HeldOut:
         elapsed, _ = parallel.agree_on_clock(self.clock.elapsed() + seconds, [], self.hw.device,
                                              self.hw.world)
         return elapsed <= self.clock.seconds
+
+
+def eval_mask_rate(args):
+    """The masking rate of the held-out batches: --eval-mask-rate (0.25 by default), or the training
+    rate for a run saved before that flag existed (None in its args.json)."""
+    return args.mask_rate if args.eval_mask_rate is None else args.eval_mask_rate
 
 
 def val_text(losses):

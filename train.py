@@ -52,7 +52,7 @@ import parallel
 import planning
 import scaling
 import tokenizer
-from held_out import HeldOut, log_eval, samples, val_text  # the instance is called held_out
+from held_out import HeldOut, eval_mask_rate, log_eval, samples, val_text  # instance: held_out
 from loader import make_loader  # a function: train.py calls its Loader `loader`
 
 # -----------------------------------------------------------------------------
@@ -472,11 +472,12 @@ def resolve_settings(args, *, device, rank, world):
         print(f"{path} does not exist yet: the run starts again from step 0")
     stages = growth_stages(args, planning.model_config(args, args.vocab_size))  # fails before work
     lengths = {args.max_seq_len, *(s["config"]["max_seq_len"] for s in stages)}
+    rates = {"--mask-rate": args.mask_rate, "--eval-mask-rate": args.eval_mask_rate}
     for T in lengths if args.objective == "mlm" else ():
-        if not 1 <= round(args.mask_rate * T) <= T - 2:
-            raise SystemExit(f"error: --mask-rate {args.mask_rate} masks "
-                             f"{round(args.mask_rate * T)} of {T} tokens per sequence; it must "
-                             f"mask 1 to {T - 2}")
+        for flag, rate in rates.items():
+            if rate is not None and not 1 <= round(rate * T) <= T - 2:
+                raise SystemExit(f"error: {flag} {rate} masks {round(rate * T)} of {T} tokens "
+                                 f"per sequence; it must mask 1 to {T - 2}")
     if ckpt is None:  # --resume replaces what the same run wrote before its first checkpoint
         checkpoint.check_out_is_free(args.out, args.force or args.resume, remove=rank == 0)
     return args, ckpt, init
@@ -833,7 +834,7 @@ def run_summary(state, status, val, cfg, *, args, hw, meta):
             # agree
             "comparable": {"data": os.path.basename(meta["dir"]),
                            "vocab_size": cfg["vocab_size"], "objective": args.objective,
-                           "seq_len": cfg["max_seq_len"], "mask_rate": args.mask_rate}}
+                           "seq_len": cfg["max_seq_len"], "mask_rate": eval_mask_rate(args)}}
 
 
 def summary_text(summary):

@@ -27,10 +27,12 @@ cannot tilt); the best HF learning rate by final held-out loss is the baseline.
 
 Why it is fair (a comparison counts only if the baseline had a fair chance):
   - data: the same tokenizer, the same training stream (loader.make_loader, train split, same
-    seed) and the same masks: HF gets dense labels (-100 elsewhere) scattered from our sparse
-    labels, so both predict the same tokens at the same positions (ModernBERT's sparse head keeps
-    exactly the positions whose label is not -100). Held-out loss is measured the same way for
-    both (held_out.HeldOut's batches: the val split in order, seed 1234, --eval-batches x
+    seed) and the same masks at the same rate: HF gets dense labels (-100 elsewhere) scattered
+    from the loader's sparse labels, so at equal rates both predict the same tokens at the same
+    positions (ModernBERT's sparse head keeps exactly the positions whose label is not -100). HF
+    trains at --hf-mask-rate (25%), ours at train.py's --mask-rate (40% since record 5), and both
+    are scored at --eval-mask-rate (25%). Held-out loss is measured the same way for both
+    (held_out.HeldOut's batches: the val split in order, seed 1234, --eval-batches x
     --micro-batch sequences) at the same fractions of the budget (every 10%), and evaluation time
     counts against both clocks; the final evaluation is outside both.
   - recipe: HF gets its own published recipe, not a strawman: AdamW betas (0.9, 0.98), eps 1e-6,
@@ -52,15 +54,15 @@ Why it is fair (a comparison counts only if the baseline had a fair chance):
     (--threads). Load from other processes still adds noise: compare tokens/s across the HF runs,
     which train the same model.
 --ours-flags that change data, shape, batch or evaluation (--max-seq-len, --micro-batch,
---batch-tokens, --mask-rate, --eval-batches, --device, --dtype, --compile) apply to HF too, so
-both always see the same batches; recipe flags (--lr, --schedule, --batch-ramp, --clip, ...) apply
-to ours only.
+--batch-tokens, --eval-mask-rate, --eval-batches, --device, --dtype, --compile) apply to HF too,
+so both always see the same batches; recipe flags (--lr, --schedule, --batch-ramp, --clip,
+--mask-rate, ...) apply to ours only.
 
 What is reported: loss at equal time (each run's final held-out loss, all with the same budget);
 the time-to-loss speedup, (best HF run's seconds to reach its own final loss) / (our seconds to
 reach that loss), with linear interpolation between evaluations ("not reached" if ours never gets
 there); and the same in tokens, so throughput (tokens/s; BERT's dense MLM head scores all T
-positions, ours and ModernBERT's only the masked 25%) and recipe (loss per token) can be told
+positions, ours and ModernBERT's only the masked ones) and recipe (loss per token) can be told
 apart. Output in --out: results.json, curves.png (if matplotlib is installed), ours_seed*/
 (train.py's run folders).
 
@@ -119,6 +121,7 @@ import parallel  # noqa: E402
 import planning  # noqa: E402
 import train  # noqa: E402
 from bench_model import BASELINES, hf_attention, hf_baseline, modernbert_intermediate  # noqa: E402
+from held_out import eval_mask_rate  # noqa: E402
 from loader import make_loader  # noqa: E402
 
 EVAL_EVERY = 0.1          # held-out evaluations at every tenth of the budget, for both models
@@ -271,7 +274,7 @@ def hf_loss(net, batch, dtype):
 @torch.no_grad()
 def hf_evaluate(net, meta, s, device, dtype):
     """The held-out loss on held_out.HeldOut's batches: the val split in order, seed 1234."""
-    loader = make_loader(meta, "val", {"seed": 1234, "mask_rate": s.mask_rate}, device=device,
+    loader = make_loader(meta, "val", {"seed": 1234, "mask_rate": eval_mask_rate(s)}, device=device,
                          prefetch=False)
     net.eval()
     total = sum(hf_loss(net, loader.next_batch(s.micro_batch, s.max_seq_len), dtype).item()
@@ -294,7 +297,8 @@ def run_hf(s, meta, arm, lr, seed):
         [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
          {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
         lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
-    loader = make_loader(meta, "train", {"seed": seed, "mask_rate": s.mask_rate}, device=device)
+    loader = make_loader(meta, "train", {"seed": seed, "mask_rate": arm["mask_rate"]},
+                         device=device)
     run_net = torch.compile(net, dynamic=False) if s.compile else net
     # train.py's target accumulation.
     accum = max(1, round(s.batch_tokens / (s.micro_batch * s.max_seq_len)))
@@ -779,6 +783,10 @@ def parse_args(argv=None):
                    help="reuse the HF runs of DIR/results.json (same settings) for every seed and "
                    "learning rate it has, and run only the missing ones: a speedrun measures each "
                    "lever of ours against one baseline")
+    p.add_argument("--hf-mask-rate", type=float, default=0.25,
+                   help="the masking rate HF trains at (default: 0.25, cramming's, the rate of "
+                   "every baseline in docs/records.md; ModernBERT's paper: 0.3). Both models are "
+                   "scored at train.py's --eval-mask-rate (0.25 unless --ours-flags sets it)")
     p.add_argument("--seeds", type=int, default=1,
                    help="seeds 0..N-1, each runs ours and every HF lr (default: 1)")
     p.add_argument("--ours-flags", default="",
@@ -843,13 +851,15 @@ def run_all(args):
     meta = train.prepare(s, device, 0, 1)  # the same cache entry train.py uses
     cfg = planning.model_config(s, meta["n_vocab"])
     arm = {"baseline": args.baseline, "cfg": cfg, "schedule": args.hf_schedule,
+           "mask_rate": args.hf_mask_rate,
            "intermediate": hf_intermediate(args.baseline, cfg, args.ffn_dim)}
     hf_name = f"HF {BASELINES[args.baseline]}"
     dtype = parallel.autocast_dtype(s.dtype, device)
     settings = {**vars(args), "threads": threads, "device": str(device), "ours_ffn_dim": s.ffn_dim,
                 "hf_intermediate": arm["intermediate"],
                 "dtype": str(dtype).replace("torch.", ""),
-                "hf_attention": hf_attention(device, dtype), "hf_sees": hf_sees(s, cfg),
+                "hf_attention": hf_attention(device, dtype),
+                "hf_sees": hf_sees(s, cfg, arm["mask_rate"]),
                 "hf_recipe": {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "clip": 1.0,
                               "warmup": HF_WARMUP, "schedule": HF_SCHEDULES[args.hf_schedule],
                               "dropout": 0.0}}
@@ -889,14 +899,19 @@ def run_all(args):
 
 # What must match for an earlier HF run to stand for one of this benchmark's: the data, the budget,
 # the machine's dtype and threads, the baseline's recipe, and what the HF run saw of our settings
-# (hf_sees: --ours-flags such as --mask-rate or --micro-batch apply to HF too).
+# (hf_sees: its masking rate, and --ours-flags such as --micro-batch that apply to HF too).
 SAME_FOR_REUSE = ("data", "minutes", "tokens", "baseline", "hf_schedule", "threads", "device",
                   "dtype", "hf_intermediate", "hf_sees")
 
 
-def hf_sees(s, cfg):
-    """The settings of ours that the HF runs share: its shape, batches, masks and compile choice."""
-    return {"mask_rate": s.mask_rate, "micro_batch": s.micro_batch, "max_seq_len": s.max_seq_len,
+def hf_sees(s, cfg, mask_rate):
+    """The settings of ours that the HF runs share: its shape, batches, masks and compile choice.
+    mask_rate: the rate HF trains at. The held-out rate is named only where it differs, so runs
+    made before --eval-mask-rate existed stay reusable."""
+    held_out = eval_mask_rate(s)
+    named = {"eval_mask_rate": held_out} if held_out != mask_rate else {}
+    return {"mask_rate": mask_rate, **named,
+            "micro_batch": s.micro_batch, "max_seq_len": s.max_seq_len,
             "batch_tokens": s.batch_tokens, "eval_batches": s.eval_batches, "compile": s.compile,
             **{key: cfg[key] for key in ("n_layers", "d_model", "n_heads", "vocab_size")}}
 

@@ -9,7 +9,8 @@ The first three runs are the ones a restructure is most likely to disturb: a pla
 (two growth stages, so the optimizer and the wrapping are rebuilt mid-run) and a two-source corpus
 mixture. They keep cramming's AdamW, triangle schedule, no growth and no value residual, train.py's
 defaults when they were recorded, so their record still holds since the defaults changed; the
-fourth run pins today's defaults (recorded again when depth growth and the value residual joined).
+fourth run pins today's defaults (recorded again when depth growth and the value residual joined,
+and again when 40% masking did).
 Each is a fresh `python train.py` process on the bundled sample with a fixed seed and a step budget
 (a deterministic clock), on the CPU. Everything they log is compared: every step's loss and
 gradient norm, every held-out loss (per source for the mixture) and the losses around each growth
@@ -28,12 +29,13 @@ RECORD = os.path.join(ROOT, "tests", "same_losses.json")
 COMMON = ["--model", "tiny", "--vocab-size", "512", "--max-seq-len", "32", "--micro-batch", "4",
           "--batch-tokens", "512", "--lr", "2e-3", "--eval-batches", "2", "--eval-every", "0.25",
           "--log-every", "1", "--seed", "3", "--device", "cpu", "--dtype", "fp32"]
-# train.py's recipe before Muon, warmup-stable-decay, depth growth and the value residual became the
-# defaults. The tests of mechanics that need a loss to fall within a few dozen steps of 128-256
-# tokens pin it too (conftest.py): at such tiny batches Muon's fixed-size steps learn slower than
-# AdamW's (docs/train.md). A test that grows puts its own --grow after these flags: the last wins.
+# train.py's recipe before Muon, warmup-stable-decay, depth growth, the value residual and 40%
+# masking became the defaults. The tests of mechanics that need a loss to fall within a few dozen
+# steps of 128-256 tokens pin it too (conftest.py): at such tiny batches Muon's fixed-size steps
+# learn slower than AdamW's (docs/train.md). A test that grows puts its own --grow after these
+# flags: the last wins.
 CRAMMING_ADAMW = ["--optimizer", "adamw", "--schedule", "triangle", "--grow", "none",
-                  "--value-residual", "off"]
+                  "--value-residual", "off", "--mask-rate", "0.25"]
 RUNS = {
     "plain": ["--data", "sample", "--max-steps", "24", *CRAMMING_ADAMW],
     "grown": ["--data", "sample", "--max-steps", "24", *CRAMMING_ADAMW,

@@ -251,9 +251,17 @@ def test_hf_from_reuses_the_baseline_runs_it_has_and_runs_only_the_missing_ones(
     with pytest.raises(SystemExit, match="--hf-from: .* was run with minutes 0.03"):
         bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--minutes", "0.05",
                                       "--hf-from", folder, "--out", str(tmp_path / "other")])
-    # --mask-rate in --ours-flags applies to HF too: runs at another rate cannot stand for them
+    # HF runs trained or scored at another masking rate cannot stand for them
     with pytest.raises(SystemExit, match="--hf-from: .* was run with hf_sees .*'mask_rate': 0.25"):
-        bench_cram.main(common + ["--ours-flags", "--mask-rate 0.4", "--out", str(tmp_path / "m")])
+        bench_cram.main(common + ["--hf-mask-rate", "0.3", "--out", str(tmp_path / "m")])
+    with pytest.raises(SystemExit, match="--hf-from: .* was run with hf_sees"):
+        bench_cram.main(common + ["--ours-flags", "--eval-mask-rate 0.3",
+                                  "--out", str(tmp_path / "e")])
+    # ours' own training rate is a recipe lever: HF keeps its 25%, and the same runs stand
+    rate = bench_cram.main(common + ["--hf-lrs", "2e-3", "--ours-flags", "--mask-rate 0.5",
+                                     "--out", str(tmp_path / "rate")])
+    assert rate["runs"][1] == earlier["runs"][1]
+    assert rate["settings"]["hf_sees"]["mask_rate"] == 0.25
 
 
 def test_a_token_budget_gives_every_run_the_same_tokens_whatever_the_machine(bench_cram,
@@ -379,7 +387,8 @@ def test_both_models_get_identical_masked_targets_for_the_same_loader_position(
     train.main(["--data", "sample", "--cache", sample_cache, "--vocab-size", "512",
                 "--model", "tiny", "--max-seq-len", "32", "--micro-batch", "4",
                 "--batch-tokens", "256", "--eval-batches", "1",
-                "--max-steps", "2", "--seed", "3", "--out", str(tmp_path)])
+                "--max-steps", "2", "--seed", "3", "--out", str(tmp_path),
+                "--mask-rate", "0.25"])  # HF's rate (bench_cram's --hf-mask-rate); ours: 0.4
     monkeypatch.setattr(Loader, "next_batch", next_batch)
     meta = data.prepare_data("sample", sample_cache, {"vocab_size": 512}, progress=False)
     hf_loader = make_loader(meta, "train", {"seed": 3, "mask_rate": 0.25})  # as run_hf builds it

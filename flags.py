@@ -285,8 +285,7 @@ def check_args(parser, args):
         parser.error(f"--model must be auto or one of {', '.join(model.PRESETS)}, "
                      f"got {args.model!r}")
     need(args.objective == "clm" or 0 < args.mask_rate < 1, "--mask-rate", "in (0, 1)")
-    need(args.eval_mask_rate is None or 0 < args.eval_mask_rate < 1, "--eval-mask-rate",
-         "in (0, 1)")
+    need(0 < args.eval_mask_rate < 1, "--eval-mask-rate", "in (0, 1)")
     need(args.clip >= 0, "--clip", ">= 0 (0 = off)")
     need(args.weight_decay >= 0, "--weight-decay", ">= 0")
     need(args.eps > 0, "--eps", "> 0")

@@ -472,10 +472,10 @@ def resolve_settings(args, *, device, rank, world):
         print(f"{path} does not exist yet: the run starts again from step 0")
     stages = growth_stages(args, planning.model_config(args, args.vocab_size))  # fails before work
     lengths = {args.max_seq_len, *(s["config"]["max_seq_len"] for s in stages)}
-    rates = {"--mask-rate": args.mask_rate, "--eval-mask-rate": args.eval_mask_rate}
+    rates = {"--mask-rate": args.mask_rate, "--eval-mask-rate": eval_mask_rate(args)}
     for T in lengths if args.objective == "mlm" else ():
         for flag, rate in rates.items():
-            if rate is not None and not 1 <= round(rate * T) <= T - 2:
+            if not 1 <= round(rate * T) <= T - 2:
                 raise SystemExit(f"error: {flag} {rate} masks {round(rate * T)} of {T} tokens "
                                  f"per sequence; it must mask 1 to {T - 2}")
     if ckpt is None:  # --resume replaces what the same run wrote before its first checkpoint

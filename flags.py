@@ -126,6 +126,11 @@ def add_model_flags(p):
     g.add_argument("--mask-rate", type=float, default=0.4,
                    help="fraction of tokens masked for MLM (cramming: 0.25; Wettig et al. "
                    "2023: 0.4)")
+    # Ankner et al. 2023 ("Dynamic Masking Rate Schedules for MLM Pretraining") fall linearly from
+    # 30% to 15% over the run: many predictions per token early, more context to each one late.
+    g.add_argument("--mask-rate-end", type=float, default=None,
+                   help="the masking rate at the end of the budget, reached linearly from "
+                   "--mask-rate (Ankner et al. 2023; default: none, a constant rate)")
     # A held-out loss at another rate is another task (fewer masks leave more context to each
     # prediction), so it stays at cramming's 25% whatever the training rate: runs compare.
     g.add_argument("--eval-mask-rate", type=float, default=0.25,
@@ -286,6 +291,7 @@ def check_args(parser, args):
                      f"got {args.model!r}")
     need(args.objective == "clm" or 0 < args.mask_rate < 1, "--mask-rate", "in (0, 1)")
     need(0 < args.eval_mask_rate < 1, "--eval-mask-rate", "in (0, 1)")
+    need(args.mask_rate_end is None or 0 < args.mask_rate_end < 1, "--mask-rate-end", "in (0, 1)")
     need(args.clip >= 0, "--clip", ">= 0 (0 = off)")
     need(args.weight_decay >= 0, "--weight-decay", ">= 0")
     need(args.eps > 0, "--eps", "> 0")

@@ -233,12 +233,14 @@ class Loader:
         # a prefetched batch and cached orders belong to the old state
         self._ahead, self._perms = None, {}
 
-    def next_batch(self, batch_size, seq_len=128):
+    def next_batch(self, batch_size, seq_len=128, mask_rate=None):
         """The next batch of this rank as a dict of int64 tensors on the loader's device (see the
-        class doc). With prefetch, a background thread builds the batch after it (same sizes)
-        during the training step; since a batch is a pure function of its position, prefetching
-        never changes what is returned."""
-        key = (self.position, batch_size, seq_len)
+        class doc); mask_rate overrides the settings' for this batch (a falling rate, Ankner et
+        al. 2023). With prefetch, a background thread builds the batch after it (same sizes and
+        rate) during the training step; since a batch is a pure function of its position and rate,
+        prefetching never changes what is returned."""
+        rate = self.mask_rate if mask_rate is None else mask_rate
+        key = (self.position, batch_size, seq_len, rate)
         ahead, self._ahead = self._ahead, None
         batch = ahead[1].result() if ahead is not None and ahead[0] == key else self._make(*key)
         stride = seq_len - 2 if self.objective == "mlm" else seq_len  # stream tokens per window
@@ -248,11 +250,11 @@ class Loader:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="growcram-loader")
-            nxt = (self.position, batch_size, seq_len)
+            nxt = (self.position, batch_size, seq_len, rate)
             self._ahead = (nxt, self._pool.submit(self._make, *nxt))
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    def _make(self, position, B, T):
+    def _make(self, position, B, T, mask_rate):
         """The batch of this rank starting at stream `position`, as tensors (pinned on CUDA)."""
         mlm = self.objective == "mlm"
         stride = T - 2 if mlm else T  # MLM leaves room for [CLS] and [SEP]; CLM windows share one
@@ -263,7 +265,7 @@ class Loader:
         pos = starts[:, None] + np.arange(stride if mlm else T + 1)  # (B, L) stream positions
         window = self._read(pos)
         if mlm:
-            batch = mask_mlm(window, pos, self.mask_rate, self.seed, self.special, self.n_ordinary)
+            batch = mask_mlm(window, pos, mask_rate, self.seed, self.special, self.n_ordinary)
         else:
             batch = {"input_ids": window[:, :-1], "labels": window[:, 1:]}
         batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}

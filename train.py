@@ -96,11 +96,12 @@ def train(args, budget_was=None):
         accum = accumulation_steps(p, target_accumulation(args.batch_tokens, B * T * hw.world),
                                    args.batch_ramp)
         lr = learning_rate(args, state, p)
+        rate = masking_rate(args, p)
         position = loader.state_dict()  # where a retry of this step starts reading
         had_state = set(optimizer.state)  # a retry drops the optimizer state this step made
         try:
             step = train_step(
-                net, optimizer, (loader.next_batch(B, T) for _ in range(accum)),
+                net, optimizer, (loader.next_batch(B, T, rate) for _ in range(accum)),
                 accumulation=accum, lr=lr, clip=args.clip,
                 autocast=amp, gradient_sync=functools.partial(parallel.gradient_sync, net),
                 mean_over_ranks=functools.partial(parallel.mean_over_ranks, world=hw.world),
@@ -252,6 +253,15 @@ def learning_rate(args, state, p):
     if state.stage > 0 and args.grow_rewarm > 0:
         lr *= grow.rewarm_factor(p, state.stage_at, args.grow_rewarm)
     return lr
+
+
+def masking_rate(args, p):
+    """The MLM masking rate at progress p: --mask-rate, or falling linearly from it to
+    --mask-rate-end (Ankner et al. 2023: 30% to 15%, many predictions per token early, more context
+    to each late). The model's FLOP count keeps --mask-rate; the held-out loss its own rate."""
+    if args.mask_rate_end is None:
+        return args.mask_rate
+    return args.mask_rate + (args.mask_rate_end - args.mask_rate) * min(1.0, p)
 
 
 def accumulation_steps(p, target, ramp=0.6):
@@ -472,10 +482,11 @@ def resolve_settings(args, *, device, rank, world):
         print(f"{path} does not exist yet: the run starts again from step 0")
     stages = growth_stages(args, planning.model_config(args, args.vocab_size))  # fails before work
     lengths = {args.max_seq_len, *(s["config"]["max_seq_len"] for s in stages)}
-    rates = {"--mask-rate": args.mask_rate, "--eval-mask-rate": eval_mask_rate(args)}
+    rates = {"--mask-rate": args.mask_rate, "--mask-rate-end": args.mask_rate_end,
+             "--eval-mask-rate": eval_mask_rate(args)}
     for T in lengths if args.objective == "mlm" else ():
         for flag, rate in rates.items():
-            if not 1 <= round(rate * T) <= T - 2:
+            if rate is not None and not 1 <= round(rate * T) <= T - 2:
                 raise SystemExit(f"error: {flag} {rate} masks {round(rate * T)} of {T} tokens "
                                  f"per sequence; it must mask 1 to {T - 2}")
     if ckpt is None:  # --resume replaces what the same run wrote before its first checkpoint

@@ -55,6 +55,7 @@ TRAIN = ["--data", "sample", "--max-steps", "1"]
     (["--mask-rate", "0"], "--mask-rate must be in (0, 1)"),
     (["--mask-rate", "1.5"], "--mask-rate must be in (0, 1)"),
     (["--eval-mask-rate", "1"], "--eval-mask-rate must be in (0, 1)"),
+    (["--mask-rate-end", "0"], "--mask-rate-end must be in (0, 1)"),
     (["--lr", "nan"], "--lr must be positive"),
     (["--lr", "-1"], "--lr must be positive"),
     (["--eval-batches", "0"], "--eval-batches must be >= 1"),
@@ -87,6 +88,8 @@ def test_train_device_cuda_without_a_gpu_is_a_one_line_error(tmp_path, capsys):
      "--mask-rate 0.05 masks 0 of 8 tokens"),
     (["--model", "tiny", "--max-seq-len", "8", "--eval-mask-rate", "0.05"],
      "--eval-mask-rate 0.05 masks 0 of 8 tokens"),
+    (["--model", "tiny", "--max-seq-len", "8", "--mask-rate-end", "0.05"],
+     "--mask-rate-end 0.05 masks 0 of 8 tokens"),
 ])
 def test_train_shapes_that_build_no_model_fail_before_data_is_prepared(flags, message, tmp_path,
                                                                         capsys):

@@ -378,8 +378,8 @@ def test_both_models_get_identical_masked_targets_for_the_same_loader_position(
     from loader import Loader, make_loader
     seen, next_batch = [], Loader.next_batch
 
-    def recording(self, batch_size, seq_len=128):
-        batch = next_batch(self, batch_size, seq_len)
+    def recording(self, batch_size, seq_len=128, mask_rate=None):
+        batch = next_batch(self, batch_size, seq_len, mask_rate)
         if self.shuffle:  # the train split; evaluation reads the val split in order
             seen.append(batch)
         return batch

@@ -432,6 +432,19 @@ def test_prefetching_loader_returns_the_same_stream(tmp_path):
     assert ahead.state_dict() == plain.state_dict()
 
 
+def test_a_batch_can_ask_for_its_own_masking_rate_and_prefetch_keeps_it(tmp_path):
+    """A falling masking rate (train.py --mask-rate-end) asks each batch for its rate: the batch
+    masks round(rate x T) positions, and a prefetching loader, which built the next batch at the
+    previous rate, returns what a plain loader makes at the new one."""
+    meta = fake_meta(tmp_path, np.arange(20000) % 100)
+    ahead, plain = (make_loader(meta, "train", {"seed": 4, "mask_rate": 0.5}, prefetch=p)
+                    for p in (True, False))
+    for rate in (None, 0.5, 0.4, 0.3, 0.3, 0.2):
+        x, y = ahead.next_batch(8, 32, rate), plain.next_batch(8, 32, rate)
+        assert all(torch.equal(x[k], y[k]) for k in x)
+        assert x["label_positions"].shape == (8, round((rate or 0.5) * 32))
+
+
 def test_ranks_draw_disjoint_sequences_that_together_equal_one_rank(tmp_path):
     meta = fake_meta(tmp_path, np.arange(100000) % 100)
     ranks = [make_loader(meta, "train", {"seed": 2, "rank": r, "world_size": 2}) for r in (0, 1)]

@@ -185,6 +185,31 @@ def test_the_held_out_loss_masks_25_percent_whatever_the_training_rate(sample_ca
     assert comparable == 0.4 and own_rate != at_25[0]
 
 
+def test_a_falling_masking_rate_goes_linearly_from_start_to_end_and_resumes_exactly(
+        sample_cache, tmp_path):
+    """--mask-rate-end (Ankner et al. 2023): the rate falls linearly with progress. The first step
+    is the constant rate's; the run differs after; killed mid-run and resumed, it ends with the
+    same weights as a run never stopped (the rate is a function of progress alone)."""
+    falling = flags.parse_args(["--max-steps", "1", "--mask-rate", "0.5",
+                                "--mask-rate-end", "0.25"])
+    assert [train.masking_rate(falling, p) for p in (0.0, 0.5, 1.0)] == [0.5, 0.375, 0.25]
+    assert train.masking_rate(flags.parse_args(["--max-steps", "1"]), 0.9) == 0.4  # constant
+    steps = ["--max-steps", "24", "--checkpoint-steps", "4", "--grow", "none", "--mask-rate", "0.5"]
+    run(sample_cache, tmp_path / "constant", *steps)
+    run(sample_cache, tmp_path / "straight", *steps, "--mask-rate-end", "0.25")
+    first = [[r["loss"] for r in read_log(tmp_path / name) if r["kind"] == "train"]
+             for name in ("constant", "straight")]
+    assert first[0][0] == first[1][0] and first[0][-1] != first[1][-1]
+    killed = tmp_path / "killed"
+    command = [sys.executable, os.path.join(ROOT, "tests", "kill_at.py"), "step", "14", *TINY,
+               "--cache", sample_cache, "--out", str(killed), *steps, "--mask-rate-end", "0.25"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-500:]
+    run(sample_cache, killed, "--resume")
+    a, b = weights(tmp_path / "straight" / "final"), weights(killed / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_the_progress_line_shows_what_is_left_of_every_kind_of_budget():
     clock = budget.Budget(flags.parse_args(["--minutes", "2", "--max-tokens", "10000"]))
     assert clock.left(step=5, tokens=9000, elapsed=30.0) == "1,000 tokens"

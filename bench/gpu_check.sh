@@ -21,6 +21,7 @@
 # the fine-tuning results); the caches and the trained model stay in /tmp.
 # Rehearse it on a CPU in about a minute (tiny model, fp32, seconds-long run):
 #   GPU_CHECK_REHEARSAL=1 bash bench/gpu_check.sh /tmp/rehearsal
+# GPU_CHECK_MINUTES=1 shortens each of the two training runs (default 2) to fit a short lease of the GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-runs/gpu_check}}
@@ -32,7 +33,7 @@ if [ "${GPU_CHECK_REHEARSAL:-0}" = 1 ]; then
     run=(--model tiny --vocab-size 512 --minutes 0.2 --micro-batch 8 --batch-tokens 1024) lines=200
 else
     model=(--preset base --batch-size 256 --steps 20) data=(--device cuda --vocab-size 8192 --repeat 1 --batch-size 256)
-    run=(--model base --vocab-size 8192 --minutes 2 --micro-batch 256 --batch-tokens 262144) lines=2000
+    run=(--model base --vocab-size 8192 --minutes ${GPU_CHECK_MINUTES:-2} --micro-batch 256 --batch-tokens 262144) lines=2000
 fi
 failed=()
 log=$out/log.txt

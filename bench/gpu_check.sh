@@ -12,7 +12,9 @@
 #    (needs `tokenizers` for its tokenizer comparison);
 # 4. a 2-minute train.py run of the base model on the bundled sample with --compile (bf16, the default optimizer:
 #    Muon on the blocks' matrices with Newton-Schulz in bf16, AdamW on the rest): the MFU of the whole loop
-#    (loader, logging, clipping) next to the benchmark's;
+#    (loader, logging, clipping) next to the benchmark's. A half-minute run before it fills inductor's cache:
+#    on an H200 a cold compile of the 8-layer and then the grown 16-layer graph took about 45 s, which
+#    left a 1-minute run 4 steps (2026-12-04), so untimed, both timed runs start warm;
 # 4b. the same run with cramming's fused AdamW and triangle (--optimizer adamw --schedule triangle);
 # 5. evaluate_glue.py fine-tuning that model on the GPU (bf16, padded batches) on a toy task of our own: which of
 #    two plays a line comes from (--task-file).
@@ -55,14 +57,22 @@ step bench_model_compiled "$py" bench/bench_model.py "${model[@]}" --compile --s
 step bench_model_modernbert_compiled "$py" bench/bench_model.py "${model[@]}" --compile \
     --baseline modernbert --out "$out/bench_model_modernbert_compiled.json"
 step bench_data "$py" bench/bench_data.py "${data[@]}" --out "$out/bench_data.json"
-rm -rf /tmp/gpu_check_run
+rm -rf /tmp/gpu_check_run /tmp/gpu_check_warmup  # 4. the untimed warm-up run fills the compile cache
+step warmup "$py" train.py --data sample "${run[@]}" --minutes 0.5 --compile --cache /tmp/gpu_check_cache \
+    --out /tmp/gpu_check_warmup
 step train "$py" train.py --data sample "${run[@]}" --compile --cache /tmp/gpu_check_cache --out /tmp/gpu_check_run
-cp /tmp/gpu_check_run/summary.json "$out/train_summary.json" 2>/dev/null
-grep -h '"kind": "train"' /tmp/gpu_check_run/log.jsonl 2>/dev/null | tail -3 > "$out/train_last_steps.jsonl"
 rm -rf /tmp/gpu_check_adamw  # 4b. the same run with cramming's fused AdamW, for the comparison
 step train_adamw "$py" train.py --data sample "${run[@]}" --compile --optimizer adamw \
     --schedule triangle --cache /tmp/gpu_check_cache --out /tmp/gpu_check_adamw
-cp /tmp/gpu_check_adamw/summary.json "$out/train_adamw_summary.json" 2>/dev/null
+"$py" - "$out/train_summaries.json" <<'EOF_SUMMARIES'  # both runs: their summaries and last 3 step records
+import json, os, sys
+both = {}
+for name, run in (("muon", "/tmp/gpu_check_run"), ("adamw", "/tmp/gpu_check_adamw")):
+    summary = json.load(open(f"{run}/summary.json")) if os.path.exists(f"{run}/summary.json") else None
+    records = [json.loads(ln) for ln in open(f"{run}/log.jsonl")] if os.path.exists(f"{run}/log.jsonl") else []
+    both[name] = {"summary": summary, "last_steps": [r for r in records if r.get("kind") == "train"][-3:]}
+json.dump(both, open(sys.argv[1], "w"), indent=1)
+EOF_SUMMARIES
 "$py" - "$lines" <<'EOF_TASK'  # the toy task: one line of verse per row, labelled with its play
 import gzip, json, sys
 n = int(sys.argv[1])

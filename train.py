@@ -717,7 +717,9 @@ class Progress:
         tok_s, flop_s = (state.tokens - tokens) / seconds, (state.flops - flops) / seconds
         grad_norm = step["grad_norm"].item() if step["grad_norm"] is not None else None
         record = {"kind": "train", "step": state.step, "tokens": state.tokens,
-                  "elapsed": round(self.clock.elapsed(), 3), "progress": round(p, 5),
+                  "elapsed": round(self.clock.elapsed(), 3),
+                  # rounded down: a step begun 4 µs before the deadline must not read as past it
+                  "progress": math.floor(p * 1e5) / 1e5,
                   "loss": step["loss"], "lr": lr, "batch_tokens": batch_tokens,
                   "flops": state.flops, "tokens_per_s": round(tok_s), "grad_norm": grad_norm}
         # MFU: model FLOPs per second over the peak (Chowdhery et al. 2022, App. B)

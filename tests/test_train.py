@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -304,6 +305,19 @@ def test_wall_clock_budget_stops_within_one_step(sample_cache, tmp_path):
     step_time = max(b["elapsed"] - a["elapsed"] for a, b in zip(steps, steps[1:]))
     assert 3.0 <= summary["elapsed_s"] <= 3.0 + step_time + 0.5
     assert steps[-1]["progress"] < 1.0 and summary["status"] == "budget spent"
+
+
+def test_a_step_begun_just_before_the_deadline_is_logged_before_it():
+    """A step that began 4 µs before the deadline (p = 0.999996) is logged as 0.99999: rounded to
+    the nearest, it read 1.0, as if it had begun after the budget was spent."""
+    records = []
+    state = types.SimpleNamespace(step=7, tokens=896, flops=1e9)
+    clock = types.SimpleNamespace(seconds=3.0, elapsed=lambda: 2.999988, left=lambda *_: "0.0 min")
+    hw = types.SimpleNamespace(rank=1, world=1, peak=None)  # rank 1: no progress bar
+    out = types.SimpleNamespace(log=records.append, say=print)
+    progress = train.Progress(state, clock, hw, out, resumed=True)
+    progress.log_step(state, 0.999996, {"loss": 5.0, "grad_norm": None}, lr=1e-3, batch_tokens=128)
+    assert records[0]["progress"] == 0.99999
 
 
 def test_a_budget_shorter_than_one_step_ends_within_a_micro_batch(sample_cache, tmp_path):

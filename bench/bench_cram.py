@@ -8,7 +8,7 @@ default, or BERT) with a tuned learning rate, each given the same wall clock on 
     python bench/bench_cram.py --seeds 3 --hf-from runs/bench_cram --ours-flags "--optimizer muon" \
         --out runs/muon                             # one lever against the same baseline runs
     python bench/bench_cram.py --data corpus.jsonl --ours-flags "--lr 2e-3 --schedule one-cycle"
-    python bench/bench_cram.py --analyze-only --out runs/bench_cram  # report and curves.png again
+    python bench/bench_cram.py --analyze-only --out runs/bench_cram  # re-read our logs, report
     python bench/bench_cram.py --minutes 0.15 --vocab-size 512 --n-layers 2 --d-model 64 \
         --ffn-dim 256 --max-seq-len 64 --micro-batch 8 --batch-tokens 1024 \
         --eval-batches 4 --hf-lrs 1e-3,3e-3 --threads 1 --no-downstream \
@@ -207,10 +207,12 @@ def budget_words(settings):
 
 def read_curve(log_path):
     """The held-out evaluations of a train.py log; a repeated token count (the final evaluation
-    right after the last periodic one) keeps the later point. Evaluations made while a growth stage
-    trained on shorter sequences are left out: train.py evaluates at the model's own length, and a
-    loss on 32-token sequences is another task than ModernBERT's on 128 (so a run that grows its
-    length is scored from its first evaluation at full length on)."""
+    right after the last periodic one) keeps the later point. Each growth adds its two held-out
+    losses, measured on the same batches just before and just after it (a stacked copy's jump
+    shows as a step up at one token count). Evaluations made while a growth stage trained on
+    shorter sequences are left out: train.py evaluates at the model's own length, and a loss on
+    32-token sequences is another task than ModernBERT's on 128 (so a run that grows its length is
+    scored from its first evaluation at full length on)."""
     with open(log_path) as f:
         records = [json.loads(line) for line in f]
     grows = [r for r in records if r["kind"] == "grow"]
@@ -219,16 +221,23 @@ def read_curve(log_path):
         return int(re.search(r"max_seq_len=(\d+)", shape).group(1))
     current = length(grows[0]["from"]) if grows else None
     full = length(grows[-1]["to"]) if grows else None
-    evals = []
+    curve = []
     for r in records:
         if r["kind"] == "grow":
+            if current == full and length(r["to"]) == full and "val_loss_before" in r:
+                # the model before growth had its loss at the step's start; the grown one
+                # exists grow_seconds later
+                after = r["elapsed"] + r.get("grow_seconds", 0.0)
+                curve += [{"elapsed": r["elapsed"], "tokens": r["tokens"],
+                           "val_loss": r["val_loss_before"], "growth": "before"},
+                          {"elapsed": after, "tokens": r["tokens"],
+                           "val_loss": r["val_loss_after"], "growth": "after"}]
             current = length(r["to"])
         elif r["kind"] == "eval" and current == full:
-            evals.append(r)
-    curve = [{"elapsed": r["elapsed"], "tokens": r["tokens"], "val_loss": r["val_loss"]}
-             for r in evals]
+            curve.append({"elapsed": r["elapsed"], "tokens": r["tokens"],
+                          "val_loss": r["val_loss"]})
     return [p for i, p in enumerate(curve)
-            if i + 1 == len(curve) or curve[i + 1]["tokens"] > p["tokens"]]
+            if i + 1 == len(curve) or curve[i + 1]["tokens"] > p["tokens"] or "growth" in p]
 
 
 def run_ours(args, seed):
@@ -615,21 +624,34 @@ def run_name(r):
     return f"HF {BASELINES[r.get('baseline', 'bert')]} lr {r['lr']:g}"
 
 
-def curve_cell(points, i):
-    """One evaluation as table cells (seconds, tokens, loss); blanks past a shorter curve's end."""
-    if i >= len(points):
+def curve_cell(q):
+    """One point of a curve as table cells (seconds, tokens, loss); blanks for None."""
+    if q is None:
         return " " * 25
-    q = points[i]
     return f"{q['elapsed']:7.1f} {q['tokens']:>10,} {q['val_loss']:6.3f}"
+
+
+def curve_rows(ours, hf):
+    """Rows of (label, our point, HF's point): evaluation i beside evaluation i, and our losses
+    just before and after a growth on rows of their own ('grow-', 'grow+')."""
+    rows, evals = [], 0
+    for q in ours:
+        if "growth" in q:
+            rows.append(("grow-" if q["growth"] == "before" else "grow+", q, None))
+        else:
+            rows.append((str(evals + 1), q, hf[evals] if evals < len(hf) else None))
+            evals += 1
+    rows += [(str(i + 1), None, hf[i]) for i in range(evals, len(hf))]
+    return rows
 
 
 def seed_report(c, ours, hf, best_lr):
     """Both curves side by side, then equal time, time to loss and tokens to loss for one seed."""
     lines = ["", f"held-out loss curves, seed {c['seed']} (HF lr {best_lr:g}):",
-             f"{'eval':>4} | {'ours s':>7} {'tokens':>10} {'loss':>6} | "
+             f"{'eval':>5} | {'ours s':>7} {'tokens':>10} {'loss':>6} | "
              f"{'HF s':>7} {'tokens':>10} {'loss':>6}"]
-    for i in range(max(len(ours["curve"]), len(hf["curve"]))):
-        lines.append(f"{i + 1:>4} | {curve_cell(ours['curve'], i)} | {curve_cell(hf['curve'], i)}")
+    for label, q, h in curve_rows(ours["curve"], hf["curve"]):
+        lines.append(f"{label:>5} | {curve_cell(q)} | {curve_cell(h)}")
     time_line = (f"time to reach HF's final loss {c['target_loss']:.3f}: "
                  f"HF {c['hf_seconds']:.1f} s, ours ")
     token_line = f"tokens to reach it: HF {c['hf_tokens']:,.0f}, ours "
@@ -797,7 +819,8 @@ def parse_args(argv=None):
                    "1 helps on a busy machine, where more threads than free cores crawl)")
     p.add_argument("--skip-hf", action="store_true", help="run only ours (no transformers needed)")
     p.add_argument("--analyze-only", action="store_true",
-                   help="no training: re-analyze OUT/results.json")
+                   help="no training: re-analyze OUT/results.json, our curves read again "
+                   "from the runs' logs")
     p.add_argument("--no-downstream", action="store_true", help="skip the downstream check")
     p.add_argument("--downstream-only", action="store_true",
                    help="no pretraining: run the downstream check on "
@@ -825,6 +848,10 @@ def main(argv=None):
             raise SystemExit(f"error: {path} not found; run the benchmark first")
         with open(path) as f:
             results = json.load(f)
+        for r in results["runs"]:  # our curves again from the logs: old runs, today's reading
+            log = os.path.join(r.get("out") or "", "log.jsonl")
+            if r["model"] == "ours" and os.path.isfile(log):
+                r["curve"] = read_curve(log)
         if args.downstream_only:
             results["downstream"] = run_downstream(results["runs"], args)
     else:

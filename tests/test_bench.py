@@ -359,6 +359,32 @@ def test_a_curve_leaves_out_evaluations_on_shorter_sequences_than_the_final_mode
     assert len(bench_cram.read_curve(str(path))) == 5          # every evaluation counts
 
 
+def test_a_curve_holds_the_losses_just_before_and_after_each_growth(bench_cram, tmp_path):
+    """Stacking two layers into four makes the loss jump; the model before the jump had already
+    reached a loss, and the curve must say so rather than interpolate across the jump."""
+    shape = "n_layers={} d_model=8 n_heads=2 ffn_dim=8 max_seq_len=128"
+    log = [{"kind": "eval", "tokens": 0, "elapsed": 0.0, "val_loss": 8.0},
+           {"kind": "eval", "tokens": 1000, "elapsed": 10.0, "val_loss": 4.4},
+           {"kind": "grow", "tokens": 2000, "elapsed": 20.0, "grow_seconds": 0.5,
+            "from": shape.format(2), "to": shape.format(4), "val_loss_before": 3.9,
+            "val_loss_after": 4.2},
+           {"kind": "eval", "tokens": 2100, "elapsed": 21.0, "val_loss": 4.1},
+           {"kind": "eval", "tokens": 3000, "elapsed": 30.0, "val_loss": 3.6},
+           {"kind": "eval", "tokens": 3000, "elapsed": 30.0, "val_loss": 3.6}]  # the final one
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in log))
+    curve = bench_cram.read_curve(str(path))
+    assert [(p["elapsed"], p["tokens"], p["val_loss"]) for p in curve] == [
+        (0.0, 0, 8.0), (10.0, 1000, 4.4), (20.0, 2000, 3.9), (20.5, 2000, 4.2),
+        (21.0, 2100, 4.1), (30.0, 3000, 3.6)]
+    # 4.0 is first reached just before growth (1000 + 0.4 / 0.5 of the way to 2000 tokens), not
+    # between the jump's 4.2 and the next evaluation's 4.1 and 3.6
+    assert bench_cram.time_to_loss(curve, 4.0, "tokens") == pytest.approx(1800)
+    rows = bench_cram.curve_rows(curve, [{"elapsed": 9.0 * i, "tokens": 900 * i, "val_loss": 5.0}
+                                         for i in range(4)])
+    assert [label for label, _, _ in rows] == ["1", "2", "grow-", "grow+", "3", "4"]
+
+
 def test_modernberts_ffn_width_stays_whatever_our_activation(bench_cram):
     gated = bench_cram.ours_ffn_dim(512, "geglu", "modernbert")
     ungated = bench_cram.ours_ffn_dim(512, "relu2", "modernbert")

@@ -141,9 +141,9 @@ def add_model_flags(p):
     g = p.add_argument_group("growth (grow.py)")
     g.add_argument("--grow", default=None, help="growth schedule, e.g. "
                    "'0:n_layers=4,max_seq_len=64; 0.25:n_layers=8; 0.5:n_layers=16', a preset "
-                   "name (depth, compound, gstack), auto, or none (default: depth, half the "
-                   "layers stacked to full depth at 30%% of the budget; none with --init-from, "
-                   "--shard fsdp or one layer)")
+                   "name (depth, compound, gstack; depth@0.3 stacks at 30%%), auto, or none "
+                   "(default: depth, half the layers stacked to full depth at 20%% of the "
+                   "budget; none with --init-from, --shard fsdp or one layer)")
     g.add_argument("--grow-optimizer", choices=["carry", "fresh"], default="carry",
                    help="at growth, carry AdamW moments of old coordinates over, or start a fresh "
                    "optimizer")
@@ -168,7 +168,7 @@ def add_optimization_flags(p):
     # Cramming ramps the batch to 8192 x 128 tokens over 60% of the budget; a CPU budget buys far
     # fewer tokens, so planning.choose_defaults shrinks the target until the run gets ~1000 steps
     g = p.add_argument_group("optimization (defaults: cramming's, with Muon and "
-                             "warmup-stable-decay from the speedrun, docs/records.md)")
+                             "a linear decay from the speedrun, docs/records.md)")
     g.add_argument("--batch-tokens", type=int, default=None, help="target global batch in tokens, "
                    "reached by gradient accumulation (default: chosen from the budget, at most "
                    "cramming's 8192 x 128)")
@@ -196,8 +196,9 @@ def add_optimization_flags(p):
                    "that with Muon)")
     g.add_argument("--schedule", choices=["triangle", "one-cycle", "linear", "cosine", "constant",
                                           "wsd", "trapezoid"],
-                   default="wsd", help="learning-rate shape as a function of budget progress "
-                   "(default: warm-up, stable, then a 1 - sqrt decay; cramming: triangle)")
+                   default="linear", help="learning-rate shape as a function of budget progress "
+                   "(default: warm-up, then linearly to zero, record 6 of docs/records.md; "
+                   "ModernBERT: wsd; cramming: triangle)")
     g.add_argument("--warmup", type=float, default=0.06,
                    help="warm-up fraction of the budget (all but triangle and one-cycle)")
     g.add_argument("--decay", type=float, default=0.2, help="wsd and trapezoid: the last "
@@ -402,6 +403,8 @@ def resume_settings(args):
     with open(saved) as f:  # other flags a newer train.py added keep their defaults
         settings = json.load(f)
     settings.update({k: v for k, v in BEFORE_THE_FLAG.items() if settings.get(k) is None})
+    if settings.get("grow") == "depth":  # saved before record 6 moved the preset to 0.2
+        settings["grow"] = "depth@0.3"
     resumed = argparse.Namespace(**{**vars(args), **settings, "resume": True, "out": args.out})
     if given and given != {k: getattr(resumed, k) for k in BUDGET_KEYS}:
         return argparse.Namespace(**{**vars(resumed), **given}), budget_text(resumed)

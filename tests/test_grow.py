@@ -1,4 +1,6 @@
 """Specification of grow.py: python -m pytest -q tests/test_grow.py"""
+import re
+
 import pytest
 import torch
 
@@ -85,6 +87,17 @@ def test_presets_start_small_and_end_at_the_target(preset):
     assert stages[-1]["config"] == target
     assert model.count_params(stages[0]["config"]) < 0.5 * model.count_params(target)
     assert stages[0]["config"]["n_layers"] == 4                   # L/4 in both presets
+
+
+def test_depth_stacks_half_the_layers_at_20_percent_or_where_at_says():
+    target = model.make_config("base")
+    for text, at in (("depth", 0.2), ("depth@0.3", 0.3)):
+        stages = grow.parse_schedule(text, target)
+        assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 8), (at, 16)]
+    for bad, words in (("depth@1.5", "a fraction in (0, 1)"), ("depth@soon", "a fraction"),
+                       ("compound@0.3", "only the depth preset takes @AT")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            grow.parse_schedule(bad, target)
 
 
 def test_the_older_short_schedule_keys_still_work_as_aliases():

@@ -2,8 +2,8 @@
 
 Four fixed runs (plain, grown, a two-source mixture, the defaults; tests/same_losses.py) must log
 the losses recorded in tests/same_losses.json: the first three before train.py, data.py and the
-others were split into files of one concept each, the fourth (Muon, warmup-stable-decay, depth
-growth) when depth growth joined the defaults. A change that means to change what training
+others were split into files of one concept each, the fourth (today's defaults: Muon, a linear
+decay, depth growth at 20%) when record 6 joined them. A change that means to change what training
 computes records them again with `python tests/same_losses.py --save tests/same_losses.json` and
 says why in its commit.
 """

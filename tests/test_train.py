@@ -141,16 +141,19 @@ def test_depth_growth_is_chosen_unless_the_run_cannot_grow():
     assert picked("--arch", "modernbert") == "none"             # its first block has no growth rule
     assert "grow" not in chosen(["--minutes", "2", "--grow", "none"], 2e10, False)  # given: wins
     stages = grow.parse_schedule("depth", model.make_config("mini"))
-    assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 2), (0.3, 4)]
+    assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 2), (0.2, 4)]
 
 
-def test_a_default_run_grows_at_30_percent_and_resumes_an_older_run_without_growth(
+def test_a_default_run_grows_at_20_percent_and_older_runs_resume_as_they_grew(
         sample_cache, tmp_path):
     out = tmp_path / "grown"
     run(sample_cache, out, "--max-steps", "10", "--optimizer", "muon")
     grows = [r for r in read_log(out) if r["kind"] == "grow"]
     assert [(g["step"], g["from"].split()[0], g["to"].split()[0]) for g in grows] == [
-        (3, "n_layers=1", "n_layers=2")]
+        (2, "n_layers=1", "n_layers=2")]
+    # args.json saves the fraction, so a later change of the preset cannot move a resumed run's
+    # growth
+    assert json.loads((out / "args.json").read_text())["grow"] == "depth@0.2"
     # An args.json written before depth growth became the default saved "grow": null, which
     # meant no growth; resuming it must not start growing.
     old = tmp_path / "old"
@@ -159,6 +162,15 @@ def test_a_default_run_grows_at_30_percent_and_resumes_an_older_run_without_grow
     (old / "args.json").write_text(json.dumps({**saved, "grow": None}))
     run(sample_cache, old, "--max-steps", "8", "--resume")
     assert not [r for r in read_log(old) if r["kind"] == "grow"]
+    # One written before record 6 saved "depth", which grew at 30%: resumed at step 2 of 10 (20%),
+    # it grows at step 3, not at once.
+    older = tmp_path / "older"
+    run(sample_cache, older, "--max-steps", "2", "--optimizer", "muon", "--checkpoint-steps", "1",
+        "--grow", "0:n_layers=1; 0.9:n_layers=2")  # one layer, as depth's first stage
+    saved = json.loads((older / "args.json").read_text())
+    (older / "args.json").write_text(json.dumps({**saved, "grow": "depth"}))
+    run(sample_cache, older, "--max-steps", "10", "--resume")
+    assert [g["step"] for g in read_log(older) if g["kind"] == "grow"] == [3]
 
 
 def test_a_run_without_flags_prints_its_choice_and_saves_it_for_resume(sample_cache, tmp_path,

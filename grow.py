@@ -129,13 +129,8 @@ def preset_schedule(name, cfg):
         # at 20% rather than 30%, the full model reaches ModernBERT's loss on fewer tokens.
         if L < 2:
             raise ValueError("grow schedule: preset 'depth' needs a target of at least 2 layers")
-        try:
-            at = float(at_text) if at_text else DEPTH_AT
-        except ValueError:
-            at = -1.0
-        if not 0 < at < 1:
-            raise ValueError(f"grow schedule: depth@{at_text}: AT must be a fraction in (0, 1)")
-        return f"0:n_layers={L // 2}; {at:g}:n_layers={L}"
+        # parse_schedule checks AT as it checks every stage's
+        return f"0:n_layers={L // 2}; {at_text or DEPTH_AT}:n_layers={L}"
     if name == "compound":
         return "; ".join(f"{at}:n_layers={q(L, k)},ffn_dim={q(f, k)},max_seq_len={q(T, k)}"
                          for at, k in ((0, 4), (0.2, 2), (0.4, 1)))

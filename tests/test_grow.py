@@ -94,7 +94,8 @@ def test_depth_stacks_half_the_layers_at_20_percent_or_where_at_says():
     for text, at in (("depth", 0.2), ("depth@0.3", 0.3)):
         stages = grow.parse_schedule(text, target)
         assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 8), (at, 16)]
-    for bad, words in (("depth@1.5", "a fraction in (0, 1)"), ("depth@soon", "a fraction"),
+    for bad, words in (("depth@1.5", "with 0 <= AT < 1"), ("depth@soon", "AT a fraction"),
+                       ("depth@0", "increasing order of AT"),
                        ("compound@0.3", "only the depth preset takes @AT")):
         with pytest.raises(ValueError, match=re.escape(words)):
             grow.parse_schedule(bad, target)

@@ -85,23 +85,34 @@ def cpu_has_fast_bf16():
 
 
 # -----------------------------------------------------------------------------
-# Wrapping: activation checkpointing and FSDP (in place), then torch.compile, then DDP
+# Wrapping: activation checkpointing, FSDP and torch.compile (each block, in place), then DDP
 
 def wrap(net, args, device, world):
     """The model as the loop runs it; model.unwrap finds the plain model again (under FSDP that is
     the module itself). args: train.py's settings (checkpoint_activations, shard, dtype,
     compile)."""
-    # Checkpointing rewrites each block's forward and FSDP shards the blocks, both in place;
-    # torch.compile then traces the result, and DDP goes outermost, as nanoGPT does:
-    # DDP(torch.compile(model)).
+    # Checkpointing rewrites each block's forward and FSDP shards the blocks, and torch.compile
+    # compiles each block, all in place; DDP goes outermost.
     if args.checkpoint_activations:
         checkpoint_activations(net)
     if args.shard == "fsdp":
         shard_fsdp(net, device, world, autocast_dtype(args.dtype, device))
     if args.compile:
-        net = torch.compile(net, dynamic=False)
+        compile_blocks(net)
     if world > 1 and args.shard == "ddp":
         net = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
+    return net
+
+
+def compile_blocks(net):
+    """torch.compile each block in place ("regional compilation", as torchtitan compiles each
+    Transformer block): blocks of one shape share their compiled graphs, so a model grown from 2
+    to 4 layers compiles nothing new, and parameter names stay as they are. The embedding and the
+    head run eager. Measured on 2 CPU cores (bench/bench_compile.py, 4 x 128, bf16): a cold
+    compile of 31 s against 55 s for the whole model, which compiles again after growth, and
+    steps 1.30x eager's against the whole model's 1.38x."""
+    for block in net.blocks:
+        block.compile(dynamic=False)
     return net
 
 

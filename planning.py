@@ -1,7 +1,8 @@
 """planning.py: what should this budget train, on this machine? (BigScience's question, asked per
 run.)
 
-    chosen, why = planning.choose_defaults(args, planning.sustained_flops(device), world, on_gpu)
+    chosen, why = planning.choose_defaults(args, planning.sustained_flops(device), world,
+                                           device.type)
     cfg = planning.model_config(args, vocab_size)        # the preset, with the flags' overrides
     tokens = planning.budget_tokens(args, device)        # how much FineWeb-Edu to download
 
@@ -13,6 +14,7 @@ sweeps across runs; this file only plans one run from the compute the budget buy
 import argparse
 import math
 import os
+import shutil
 
 import torch
 
@@ -34,6 +36,11 @@ STEPS_WANTED = 1000
 # (muon.py) and momentum 0.7: 4 at width 128 (2 at momentum 0.95), measured against ModernBERT
 # (docs/records.md)
 MUON_LR_FACTOR = 4.0
+# torch.compile by default from this budget on (docs/train.md). A cold compile paid for itself
+# after about 2.4 minutes on one H200 (the whole model: 45 s, then 1.46x the tokens/s) and after
+# about 1.3 minutes on 2 CPU cores (each block: 19 s, then 1.33x); 10 minutes leaves room for
+# slower compiles and smaller gains elsewhere.
+COMPILE_FROM_SECONDS = 600
 CRAMMING_BATCH = 8192 * 128  # cramming's final batch, 8192 x 128 tokens (train/bert-o4.yaml)
 # Model config keys that a flag of the same name (--n-layers for n_layers) overrides on the preset
 SIZE_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim")
@@ -108,10 +115,11 @@ def world_size():
 # -----------------------------------------------------------------------------
 # The defaults: preset, vocabulary, sequence length, batch, micro-batch, learning rate
 
-def choose_defaults(args, flops_per_s, world, on_gpu):
+def choose_defaults(args, flops_per_s, world, device_type):
     """({flag: value} for --model, --vocab-size, --max-seq-len, --batch-tokens, --micro-batch,
-    --grow, --value-residual and --lr left unset, the sentence saying why). args is not
-    changed."""
+    --grow, --value-residual, --lr and --compile left unset, the sentence saying why). args is not
+    changed. device_type: "cuda", "cpu" or "mps"."""
+    on_gpu = device_type == "cuda"
     n_star, basis, compute = optimal_params(args, flops_per_s, world)
     chosen = {}
     # no budget in seconds or tokens: base for a GPU, tiny for a CPU; --init-from has its shape
@@ -158,7 +166,26 @@ def choose_defaults(args, flops_per_s, world, on_gpu):
         # Muon's is four times that (docs/records.md).
         factor = MUON_LR_FACTOR if optimizer == "muon" else 1.0
         chosen["lr"] = round(1e-3 * 768 / cfg["d_model"] * factor, 6)
+    if args.compile is None:
+        chosen["compile"] = compile_pays(device_type, budget.budget_seconds(args))
     return chosen, why_chosen(chosen, basis, n_star, tokens)
+
+
+def compile_pays(device_type, seconds):
+    """Whether torch.compile is the default: with a time budget long enough to pay for the compile
+    (COMPILE_FROM_SECONDS), on a CUDA GPU, or on a CPU with a C++ compiler for inductor's kernels.
+    A token or step budget has no clock to weigh it against, and Apple's GPUs were never
+    measured: both run eager unless --compile asks."""
+    if not seconds or seconds < COMPILE_FROM_SECONDS:
+        return False
+    return device_type == "cuda" or (device_type == "cpu" and cpp_compiler_found())
+
+
+def cpp_compiler_found():
+    """Whether a C++ compiler that inductor's CPU backend can use is on the PATH ($CXX, g++ or
+    clang++)."""
+    names = [os.environ.get("CXX"), "g++", "clang++"]
+    return any(shutil.which(name) for name in names if name)
 
 
 def can_grow_depth(cfg):
@@ -203,7 +230,8 @@ def why_chosen(chosen, basis, n_star, tokens):
     """'chose model tiny, vocab-size 512, ... for 120 s x 30 GFLOP/s = ...': the start-up line."""
     if not chosen:
         return ""
-    words = [k.replace("_", "-") + " " + (f"{v:,}" if isinstance(v, int) else
+    words = [k.replace("_", "-") + " " + (("on" if v else "off") if isinstance(v, bool) else
+                                           f"{v:,}" if isinstance(v, int) else
                                            f"{v:g}" if isinstance(v, float) else v)
              for k, v in chosen.items()]
     why = f"for {basis}"

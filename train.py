@@ -463,7 +463,7 @@ def resolve_settings(args, *, device, rank, world):
         args = flags.settings_from_init(args, init)
     try:
         chosen, why = planning.choose_defaults(args, planning.sustained_flops(device), world,
-                                               device.type == "cuda")
+                                               device.type)
     except ValueError as e:  # a shape that makes no valid model, e.g. an odd head size with rotary
         raise SystemExit(f"error: {flags.config_error_in_flags(e)}") from None
     if args.grow == "auto":  # shorthand: compound's stages, grown when the loss says so

@@ -183,6 +183,7 @@ def ours_argv(args, seed, out):
             "--eval-every", str(EVAL_EVERY), "--seed", str(seed), "--out", out,
             "--log-every", "10", "--checkpoint-minutes", "1e9",
             "--force",  # a fresh run, never a resume
+            "--no-compile",  # eager unless --ours-flags says --compile: HF makes the same choice
             *extra]
 
 

@@ -17,7 +17,10 @@
 #    left a 1-minute run 4 steps (2026-12-04), so untimed, both timed runs start warm;
 # 4b. the same run with cramming's fused AdamW and triangle (--optimizer adamw --schedule triangle);
 # 5. evaluate_glue.py fine-tuning that model on the GPU (bf16, padded batches) on a toy task of our own: which of
-#    two plays a line comes from (--task-file).
+#    two plays a line comes from (--task-file);
+# 6. bench_compile.py at base (8 then 16 layers): cold compile and steady steps, the whole model compiled against
+#    each block compiled (what --compile does since the eighth session; step 4's runs use it). Its table
+#    goes to log.txt only.
 # Each step runs even when an earlier one failed; the script exits non-zero if any did. Results land in RESULTS_DIR
 # as ten small files (log.txt, five benchmark JSONs, train.py's two summaries, its last step records,
 # the fine-tuning results); the caches and the trained model stay in /tmp.
@@ -33,9 +36,12 @@ py=${PYTHON:-python3}
 if [ "${GPU_CHECK_REHEARSAL:-0}" = 1 ]; then
     model=(--preset tiny --batch-size 8 --steps 3) data=(--device cpu --vocab-size 512 --repeat 1 --steps 2)
     run=(--model tiny --vocab-size 512 --minutes 0.2 --micro-batch 8 --batch-tokens 1024) lines=200
+    compile=(--n-layers 2 --d-model 64 --n-heads 4 --ffn-dim 128 --vocab-size 512 --seq-len 64 --batch-size 8
+             --steps 3 --device cpu --dtype fp32)
 else
     model=(--preset base --batch-size 256 --steps 20) data=(--device cuda --vocab-size 8192 --repeat 1 --batch-size 256)
     run=(--model base --vocab-size 8192 --minutes ${GPU_CHECK_MINUTES:-2} --micro-batch 256 --batch-tokens 262144) lines=2000
+    compile=(--n-layers 16 --d-model 768 --n-heads 12 --ffn-dim 1536 --vocab-size 8192 --batch-size 256 --steps 20)
 fi
 failed=()
 log=$out/log.txt
@@ -87,5 +93,6 @@ rm -rf /tmp/gpu_check_glue
 step glue "$py" evaluate_glue.py --checkpoint /tmp/gpu_check_run/final --task-file /tmp/gpu_check_task.tsv \
     --seeds 1 --epochs 2 --no-progress --out /tmp/gpu_check_glue
 cp /tmp/gpu_check_glue/results.json "$out/glue_results.json" 2>/dev/null
+step bench_compile "$py" bench/bench_compile.py "${compile[@]}" --out /tmp/gpu_check_compile.json
 echo "== failed steps: ${failed[*]:-none}" | tee -a "$log"
 [ ${#failed[@]} = 0 ]

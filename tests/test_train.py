@@ -87,21 +87,23 @@ def test_batch_ramp_reaches_the_target_at_60_percent():
 
 def chosen(argv, flops_per_s, on_gpu):
     args = flags.parse_args(["--data", "sample", *argv])
-    return planning.choose_defaults(args, flops_per_s, 1, on_gpu)[0]
+    return planning.choose_defaults(args, flops_per_s, 1, "cuda" if on_gpu else "cpu")[0]
 
 
 def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
     picks = chosen(["--minutes", "2"], flops_per_s=2e10, on_gpu=False)
     assert picks == {"model": "tiny", "vocab_size": 512, "max_seq_len": 64, "batch_tokens": 2048,
                      "micro_batch": 32, "grow": "depth", "value_residual": "on",
-                     "lr": 0.048}  # Muon: 4 x AdamW's 0.012
+                     "lr": 0.048,  # Muon: 4 x AdamW's 0.012
+                     "compile": False}  # a CPU runs eager unless asked
 
 
 def test_a_gpu_day_gets_crammings_base_model_and_batch():
     picks = chosen(["--hours", "24"], flops_per_s=0.4 * 989e12, on_gpu=True)
     assert picks == {"model": "base", "vocab_size": 32768, "max_seq_len": 128,
                      "batch_tokens": 8192 * 128, "micro_batch": 128, "grow": "depth",
-                     "value_residual": "on", "lr": 4e-3}  # Muon's
+                     "value_residual": "on", "lr": 4e-3,  # Muon's
+                     "compile": True}
 
 
 def test_the_chosen_model_grows_with_the_budget():
@@ -119,7 +121,35 @@ def test_flags_given_always_win_over_the_chosen_defaults():
     argv = ["--minutes", "2", "--model", "mini", "--batch-tokens", "4096", "--max-seq-len", "32"]
     picks = chosen(argv, flops_per_s=2e10, on_gpu=False)
     assert picks == {"vocab_size": 8192, "micro_batch": 32, "grow": "depth",
-                     "value_residual": "on", "lr": 0.012}  # Muon: 4 x 0.003
+                     "value_residual": "on", "lr": 0.012,  # Muon: 4 x 0.003
+                     "compile": False}
+
+
+def test_torch_compile_is_chosen_for_time_budgets_that_pay_for_it(monkeypatch):
+    def compiles(device_type, *argv):
+        args = flags.parse_args(["--data", "sample", *argv])
+        return planning.choose_defaults(args, 2e10, 1, device_type)[0].get("compile")
+    monkeypatch.setattr(planning, "cpp_compiler_found", lambda: True)
+    assert compiles("cuda", "--minutes", "10") is True    # planning.COMPILE_FROM_SECONDS
+    assert compiles("cpu", "--minutes", "10") is True
+    assert compiles("cuda", "--minutes", "9") is False    # the compile would eat too much of it
+    assert compiles("cpu", "--minutes", "2") is False     # the quick start stays eager
+    assert compiles("cuda", "--max-tokens", "1e9") is False  # no clock to weigh it against
+    assert compiles("mps", "--hours", "24") is False      # never measured
+    assert compiles("cpu", "--minutes", "2", "--compile") is None     # given: wins
+    assert compiles("cuda", "--hours", "24", "--no-compile") is None
+    monkeypatch.setattr(planning, "cpp_compiler_found", lambda: False)
+    assert compiles("cpu", "--hours", "24") is False      # inductor could not build its kernels
+    assert "compile off" in planning.why_chosen({"compile": False}, "a step budget", None, None)
+
+
+def test_a_cpp_compiler_is_looked_for_on_the_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    assert not planning.cpp_compiler_found()
+    (tmp_path / "clang++").write_text("#!/bin/sh\n")
+    (tmp_path / "clang++").chmod(0o755)
+    assert planning.cpp_compiler_found()
 
 
 def test_the_value_residual_is_chosen_for_the_crammed_family_only():
@@ -268,6 +298,37 @@ def test_fast_bf16_is_read_from_the_cpu_flags():
         pytest.skip("no /proc/cpuinfo to compare with")
     flags = open("/proc/cpuinfo").read().split()
     assert parallel.cpu_has_fast_bf16() == ("avx512_bf16" in flags or "amx_tile" in flags)
+
+
+def test_compile_compiles_each_block_in_place_and_growth_compiles_nothing_new():
+    """--compile (parallel.compile_blocks): the state dict keeps the plain model's names, the loss
+    and gradients are eager's, and the blocks of a model stacked from 2 to 4 layers reuse the
+    graphs already compiled."""
+    torch._dynamo.reset()
+    cfg = model.make_config("tiny", n_layers=2, vocab_size=512, value_residual=True)
+    net = model.build_model(cfg)
+    ids = torch.randint(5, 512, (4, 32), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(0, 32, 4).repeat(4, 1)                           # (4, 8)
+
+    def loss_and_grads(m):
+        m.zero_grad()
+        loss = m(ids, labels=ids.gather(1, positions), label_positions=positions)["loss"]
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in m.parameters()]
+
+    eager_loss, eager_grads = loss_and_grads(net)
+    names = list(net.state_dict())
+    parallel.compile_blocks(net)
+    compiled_loss, compiled_grads = loss_and_grads(net)
+    assert list(net.state_dict()) == names
+    assert abs(compiled_loss - eager_loss) < 1e-5
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(compiled_grads, eager_grads))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs >= 2                       # the first block (no value residual input), the rest
+    grown, _ = grow.grow_model(net, {**cfg, "n_layers": 4})
+    parallel.compile_blocks(grown)
+    loss_and_grads(grown)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
 def test_bf16_autocast_and_torch_compile_train_like_fp32(sample_cache, tmp_path):

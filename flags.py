@@ -220,9 +220,10 @@ def add_system_and_output_flags(p):
                    help="autocast dtype: auto = bf16 on a CUDA GPU that supports it or a CPU "
                    "with bf16 matmul instructions (AVX512-BF16, AMX), fp32 elsewhere")
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the model; its compile time counts against the budget. "
-                   "Default: on for a CUDA GPU and a budget of 10 minutes or more, where it has "
-                   "paid for itself (docs/train.md), off otherwise")
+                   help="torch.compile each block; its compile time counts against the budget. "
+                   "Default: on for a time budget of 10 minutes or more on a CUDA GPU or on a "
+                   "CPU with a C++ compiler, where it has paid for itself (docs/train.md), off "
+                   "otherwise")
     g.add_argument("--shard", choices=["ddp", "fsdp"], default="ddp", help="ddp: every rank holds "
                    "all parameters, gradients and AdamW moments; fsdp: each holds 1/world of them "
                    "(FSDP2), checkpoints go to OUT/checkpoint.dcp/ (docs/train.md: sharding)")

@@ -39,7 +39,8 @@ def config(args, n_layers):
 
 
 def prepared(cfg, mode, device, dtype):
-    """(model, stepper): the model compiled as mode says, and bench_model's timed training step."""
+    """(model, its loss on a batch, bench_model's timed training step), the model compiled as
+    mode says."""
     net = model.build_model(cfg).to(device).train()
     run = torch.compile(net, dynamic=False) if mode == "whole" else net
     if mode == "blocks":

@@ -22,8 +22,8 @@
 #    each block compiled (what --compile does since the eighth session; step 4's runs use it). Its table
 #    goes to log.txt only.
 # Each step runs even when an earlier one failed; the script exits non-zero if any did. Results land in RESULTS_DIR
-# as ten small files (log.txt, five benchmark JSONs, train.py's two summaries, its last step records,
-# the fine-tuning results); the caches and the trained model stay in /tmp.
+# as eight small files (log.txt, five benchmark JSONs, train_summaries.json with both runs' summaries and last
+# step records, the fine-tuning results); the caches and the trained model stay in /tmp.
 # Rehearse it on a CPU in about a minute (tiny model, fp32, seconds-long run):
 #   GPU_CHECK_REHEARSAL=1 bash bench/gpu_check.sh /tmp/rehearsal
 # GPU_CHECK_MINUTES=1 shortens each of the two training runs (default 2) to fit a short lease of the GPU.

@@ -38,6 +38,7 @@ import data
 import download
 import files
 import model
+import muon
 import tokenizer
 from checkpoint import load_folder
 from glue_tasks import (
@@ -167,7 +168,27 @@ def param_groups(net, lr, scaling):
     return groups
 
 
-# How the printout and results.md name each lr scaling, after the lr.
+def make_optimizer(net, settings):
+    """The fine-tuning optimizer over param_groups: AdamW (betas 0.9/0.98, eps 1e-6), or with
+    optimizer "muon" Muon on the blocks' matrices and that AdamW on the rest, as train.py
+    pretrains (muon.py; its default momentum 0.7 and update RMS 0.2). Why offer Muon: a model is
+    said to fine-tune best with the optimizer it was pretrained with, since Adam and Muon leave
+    weights of different structure (Muon: flatter singular values) and the other optimizer's
+    steps undo it ("Can Muon fine-tune Adam-pretrained models?", arXiv 2605.10468)."""
+    groups = param_groups(net, settings["lr"], settings["lr_scaling"])
+    if settings["optimizer"] == "adamw":
+        return torch.optim.AdamW(groups, lr=settings["lr"], betas=(0.9, 0.98), eps=1e-6,
+                                 weight_decay=settings["weight_decay"],
+                                 fused=settings["device"].type == "cuda")
+    hidden = {id(p) for name, p in net.named_parameters() if muon.is_hidden_matrix(name, p)}
+    split = [{**g, "params": [p for p in g["params"] if (id(p) in hidden) == on], "use_muon": on}
+             for g in groups for on in (True, False)]
+    return muon.MuonAdamW([g for g in split if g["params"]], lr=settings["lr"], momentum=0.7,
+                          betas=(0.9, 0.98), eps=1e-6, weight_decay=settings["weight_decay"])
+
+
+# How the printout and results.md name each optimizer, and each lr scaling after the lr.
+OPTIMIZER_WORDS = {"adamw": "AdamW", "muon": "Muon on the blocks' matrices, AdamW on the rest,"}
 LR_SCALING_WORDS = {"none": "", "relative": " times each matrix's RMS / init std"}
 
 
@@ -185,9 +206,7 @@ def finetune(trunk, spec, encoded, labels, settings, seed, desc=""):
     bs, n = settings["batch_size"], len(encoded)
     total = settings["epochs"] * math.ceil(n / bs)
     warmup = int(round(settings["warmup"] * total))
-    groups = param_groups(net, settings["lr"], settings["lr_scaling"])
-    opt = torch.optim.AdamW(groups, lr=settings["lr"], betas=(0.9, 0.98), eps=1e-6,
-                            weight_decay=settings["weight_decay"], fused=device.type == "cuda")
+    opt = make_optimizer(net, settings)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total))
     rng = np.random.default_rng(seed)
     target = torch.from_numpy(labels)
@@ -377,6 +396,7 @@ DEFAULTS = {
     # "none"): each won on real GLUE at the 10-minute CPU default (docs/evaluate_glue.md).
     "pooling": "mean",           # the head reads all real positions ("mean") or [CLS] ("cls", BERT)
     "lr_scaling": "relative",    # each matrix's lr times its RMS over the init std; "none": one lr
+    "optimizer": "adamw",        # "muon": Muon on the blocks' matrices, as train.py pretrains
     "control": None,             # "random-init": the same protocol on a fresh copy of the network
     "eval_batch_size": 128,      # no gradients at evaluation, so bigger batches fit
     "max_train_examples": None,  # a fixed random subset of each training set (quick runs)
@@ -449,8 +469,8 @@ def evaluate(checkpoint, tasks=None, settings=None):
     max_len = fine_tuning_length(max_len, cfg)
     clean, clean_source = text_cleaning(checkpoint, given["clean"])
     # the protocol as run (and recorded in results.json), in this order
-    protocol = {k: given[k] for k in ("epochs", "lr", "lr_scaling", "batch_size", "warmup",
-                                      "dropout", "weight_decay")}
+    protocol = {k: given[k] for k in ("epochs", "optimizer", "lr", "lr_scaling", "batch_size",
+                                      "warmup", "dropout", "weight_decay")}
     protocol.update(max_len=max_len, pooling=given["pooling"], seeds=given["seeds"],
                     eval_batch_size=given["eval_batch_size"],
                     max_train_examples=given["max_train_examples"], clean=clean,
@@ -458,7 +478,8 @@ def evaluate(checkpoint, tasks=None, settings=None):
     # what run_task and finetune need besides the protocol; not recorded
     settings = {**protocol, "pad_id": ids["pad"], "predict_test": bool(out), "device": device,
                 "progress": given["progress"], "save_model": given["save_model"]}
-    print(f"protocol: AdamW lr {protocol['lr']:g}{LR_SCALING_WORDS[protocol['lr_scaling']]} "
+    print(f"protocol: {OPTIMIZER_WORDS[protocol['optimizer']]} "
+          f"lr {protocol['lr']:g}{LR_SCALING_WORDS[protocol['lr_scaling']]} "
           f"(betas 0.9/0.98, eps 1e-6, wd {protocol['weight_decay']:g}), "
           f"batch {protocol['batch_size']}, "
           f"{protocol['epochs']} epochs, cosine with {protocol['warmup']:.0%} warmup, "
@@ -546,7 +567,8 @@ def markdown_table(results):
     control = results.get("control")
     scaled = LR_SCALING_WORDS[s["lr_scaling"]]
     lines = [f"# GLUE dev results for `{results['checkpoint']}`", "",
-             f"lr {s['lr']:g}{scaled}, batch {s['batch_size']}, {s['epochs']} epochs, cosine with "
+             f"{OPTIMIZER_WORDS[s['optimizer']]} lr {s['lr']:g}{scaled}, batch {s['batch_size']}, "
+             f"{s['epochs']} epochs, cosine with "
              f"{s['warmup']:.0%} warmup, dropout {s['dropout']:g}, max length {s['max_len']}, "
              f"{s['pooling']} pooling; median of {s['seeds']} seed(s); percent."
              + (" Control: the same network from a random initialization (seed "
@@ -629,6 +651,9 @@ def make_parser():
                    help="relative (default): each weight matrix's lr times its RMS over the init "
                         "std (>= 1), so pretrained matrices that grew move as fast, relatively, as "
                         "fresh ones; none: one lr for all (cramming)")
+    p.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"),
+                   help="adamw (default, cramming's) or muon: Muon on the blocks' matrices and "
+                        "AdamW on the rest, as train.py pretrains")
     p.add_argument("--batch-size", type=int, default=16, help="training batch size in sequences")
     p.add_argument("--warmup", type=float, default=0.1,
                    help="linear warmup as a fraction of all steps, then cosine")

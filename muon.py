@@ -37,12 +37,17 @@ def param_groups(net, weight_decay):
     dimensions on AdamW (decayed: the embedding and the tied head), the rest on AdamW undecayed
     (norms, biases, scalars: cramming's limited_decay_keys)."""
     params = [(name, p) for name, p in net.named_parameters() if p.requires_grad]
-    hidden = [p for name, p in params if name.startswith("blocks.") and p.dim() == 2]
-    matrices = [p for name, p in params if not name.startswith("blocks.") and p.dim() >= 2]
+    hidden = [p for name, p in params if is_hidden_matrix(name, p)]
+    matrices = [p for name, p in params if not is_hidden_matrix(name, p) and p.dim() >= 2]
     small = [p for name, p in params if p.dim() < 2]
     return [{"params": hidden, "use_muon": True, "weight_decay": weight_decay},
             {"params": matrices, "use_muon": False, "weight_decay": weight_decay},
             {"params": small, "use_muon": False, "weight_decay": 0.0}]
+
+
+def is_hidden_matrix(name, p):
+    """Whether Muon steps this parameter: a 2-D weight inside the transformer blocks."""
+    return name.startswith("blocks.") and p.dim() == 2
 
 
 def orthogonalize(g, dtype=torch.float32, steps=NS_STEPS):

@@ -7,7 +7,8 @@ what each speed lever buys our step.
     python bench/bench_model.py --preset mini --batch-size 32 --levers   # each lever alone
 
 Both models get the same depth, width, heads, vocabulary and sequence length, the same batch of
-masked tokens (25% masking), the same autocast dtype (--dtype), the same compile choice (--compile)
+masked tokens (25% masking), the same autocast dtype (--dtype), the same compile choice (--compile:
+ours block by block as train.py compiles it, the baseline whole, as `torch.compile(model)` does)
 and AdamW; one step is forward + backward + optimizer step. Steps of the two models alternate one
 by one in one process, so a busy machine slows both alike, and the script prints the ratio of
 median tokens/s. It also times square torch.mm calls (2048 x 2048, or smaller where bf16 is
@@ -55,11 +56,13 @@ def make_batch(cfg, batch_size, device, seed=0):
 
 
 def ours(cfg, device, compile=False):
-    """Our model and its step: the loss of one batch. compile: through torch.compile."""
+    """Our model and its step: the loss of one batch. compile: each block through torch.compile,
+    as train.py --compile runs it (parallel.compile_blocks)."""
     net = model.build_model(cfg).to(device).train()
-    run = torch.compile(net) if compile else net
+    if compile:
+        parallel.compile_blocks(net)
     def step(b):
-        return run(b["ids"], labels=b["labels"], label_positions=b["positions"])["loss"]
+        return net(b["ids"], labels=b["labels"], label_positions=b["positions"])["loss"]
     return net, step
 
 

@@ -6,7 +6,7 @@
 # 1b. the same against ModernBertForMaskedLM of our shape (--baseline modernbert,
 #     bench_model.hf_modernbert);
 # 2. bench_model.py --compile --skip-hf: our base model's MFU, the number the target (>= 45% on an H200)
-#    is about;
+#    is about (compiled block by block, as train.py --compile runs it, since the ninth session);
 # 2b. both models compiled, ours against ModernBERT (like with like: the same dtype, both compiled);
 # 3. bench_data.py on the GPU: the loader next to a training step, with pinned memory and prefetching
 #    (needs `tokenizers` for its tokenizer comparison);

@@ -502,6 +502,49 @@ def test_relative_lr_scaling_gives_each_matrix_lr_times_its_growth_over_init():
     assert eg.param_groups(net, 1e-3, "none")[0]["lr"] == 1e-3
 
 
+def test_muon_fine_tuning_steps_the_blocks_matrices_by_muon_at_their_relative_lr():
+    """--optimizer muon: the blocks' 2-D weights on Muon, everything else (embedding, norms, the
+    classifier head) on AdamW, each tensor at its relative lr as with AdamW; adamw is one AdamW."""
+    import model
+    import muon
+    net = model.build_model(model.make_config("tiny", n_layers=1, d_model=32, n_heads=2,
+                                              ffn_dim=64))
+    model.add_classifier(net, 2, pooling="mean")
+    std = net.config["init_std"]
+    with torch.no_grad():
+        net.blocks[0].qkv.weight.normal_(0, 20 * std)
+    settings = {"lr": 1e-3, "lr_scaling": "relative", "weight_decay": 0.0,
+                "device": torch.device("cpu")}
+    opt = eg.make_optimizer(net, {**settings, "optimizer": "muon"})
+    assert isinstance(opt, muon.MuonAdamW)
+    on_muon = {id(p) for g in opt.param_groups if g["use_muon"] for p in g["params"]}
+    assert on_muon == {id(p) for name, p in net.named_parameters()
+                       if name.startswith("blocks.") and p.dim() == 2}
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(net.parameters()))
+    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    rms = net.blocks[0].qkv.weight.pow(2).mean().sqrt().item()
+    assert lr_of[id(net.blocks[0].qkv.weight)] == pytest.approx(1e-3 * rms / std)
+    # one step moves a Muon matrix by at most update_rms * lr in RMS times Newton-Schulz's top
+    # singular value (about 1.2), whatever its gradient's size
+    before = net.blocks[0].out.weight.detach().clone()
+    ids = torch.randint(5, 500, (4, 12), generator=torch.Generator().manual_seed(0))
+    net.classify(ids, torch.ones_like(ids, dtype=torch.bool), torch.tensor([0, 1, 0, 1]))[
+        "loss"].mul(1000).backward()
+    opt.step()
+    moved = (net.blocks[0].out.weight.detach() - before).pow(2).mean().sqrt().item()
+    assert 0 < moved <= 0.2 * 1.25 * lr_of[id(net.blocks[0].out.weight)]
+    assert isinstance(eg.make_optimizer(net, {**settings, "optimizer": "adamw"}),
+                      torch.optim.AdamW)
+
+
+def test_the_optimizer_is_recorded_in_the_protocol(tmp_path, similarity_task, checkpoint):
+    r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
+                 "--epochs", "1", "--optimizer", "muon", "--no-progress",
+                 "--out", str(tmp_path / "run")])
+    assert r["settings"]["optimizer"] == "muon"
+    assert "Muon on the blocks' matrices" in (tmp_path / "run" / "results.md").read_text()
+
+
 def test_mean_pooling_is_recorded_and_saved_with_the_fine_tuned_model(tmp_path, similarity_task,
                                                                       checkpoint):
     import model

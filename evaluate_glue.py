@@ -171,7 +171,7 @@ def param_groups(net, lr, scaling):
 def make_optimizer(net, settings):
     """The fine-tuning optimizer over param_groups: AdamW (betas 0.9/0.98, eps 1e-6), or with
     optimizer "muon" Muon on the blocks' matrices and that AdamW on the rest, as train.py
-    pretrains (muon.py; its default momentum 0.7 and update RMS 0.2). Why offer Muon: a model is
+    pretrains (muon.py: train.py's momentum and the update RMS 0.2). Why offer Muon: a model is
     said to fine-tune best with the optimizer it was pretrained with, since Adam and Muon leave
     weights of different structure (Muon: flatter singular values) and the other optimizer's
     steps undo it ("Can Muon fine-tune Adam-pretrained models?", arXiv 2605.10468)."""
@@ -183,7 +183,8 @@ def make_optimizer(net, settings):
     hidden = {id(p) for name, p in net.named_parameters() if muon.is_hidden_matrix(name, p)}
     split = [{**g, "params": [p for p in g["params"] if (id(p) in hidden) == on], "use_muon": on}
              for g in groups for on in (True, False)]
-    return muon.MuonAdamW([g for g in split if g["params"]], lr=settings["lr"], momentum=0.7,
+    return muon.MuonAdamW([g for g in split if g["params"]], lr=settings["lr"],
+                          momentum=muon.RECIPE_MOMENTUM,
                           betas=(0.9, 0.98), eps=1e-6, weight_decay=settings["weight_decay"])
 
 

@@ -20,6 +20,7 @@ import torch
 import data
 import grow
 import model
+import muon
 import planning
 
 BUDGET_KEYS = ("hours", "minutes", "max_steps", "max_tokens")
@@ -184,7 +185,7 @@ def add_optimization_flags(p):
                    help="muon (default): Muon on the blocks' matrices and AdamW on the rest, one "
                    "learning rate (muon.py; AdamW under --shard fsdp); adamw: AdamW on every "
                    "tensor (cramming)")
-    g.add_argument("--momentum", type=float, default=0.7,
+    g.add_argument("--momentum", type=float, default=muon.RECIPE_MOMENTUM,
                    help="Muon's Nesterov momentum (with --optimizer muon; default 0.7, measured "
                    "against 0.6-0.95 in docs/records.md; Jordan et al.: 0.95)")
     g.add_argument("--muon-rms", type=float, default=0.2,

@@ -30,6 +30,10 @@ import torch
 # well), and its five iterations.
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
+# The recipe's Nesterov momentum: train.py's default, and evaluate_glue's when it fine-tunes with
+# Muon (the speedrun's record 2, measured against 0.6-0.95 in docs/records.md; Jordan et al. 2024,
+# and MuonAdamW's own default, use 0.95).
+RECIPE_MOMENTUM = 0.7
 
 
 def param_groups(net, weight_decay):

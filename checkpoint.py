@@ -40,7 +40,8 @@ import tokenizer
 KEPT_FILES = ("checkpoint.pt", "checkpoint.dcp", "log.jsonl", "summary.json", "final")
 RUN_FILES = (*KEPT_FILES, "loss.png", "args.json", "checkpoint.dcp.tmp", "checkpoint.dcp.old")
 # ... and in OUT/final (save_model: model.save_model's temporary file, save_model.<pid>.tmp)
-FINAL_FILES = ("model.pt", "config.json", "tokenizer.json", "meta.json", "save_model")
+FINAL_FILES = ("model.pt", "config.json", "tokenizer.json", "meta.json", "args.json",
+               "save_model")
 
 
 def path_in(out, shard):

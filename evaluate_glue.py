@@ -8,11 +8,12 @@ a Single GPU in One Day", ICML; `eval/GLUE_sane.yaml` in JonasGeiping/cramming).
 hyperparameters for every task: AdamW lr 4e-5, betas (0.9, 0.98), eps 1e-6, no weight decay, batch
 16, 5 epochs, cosine decay after a 10% linear warmup, dropout 0.1, max length 128, inputs `[CLS] a
 [SEP] b [SEP]`, a fresh head per task. The dev score after the LAST epoch is kept (no best-epoch
-picking) and `--seeds K` reports the median of K fine-tunes. Two defaults differ from it, each
+picking) and `--seeds K` reports the median of K fine-tunes. Three defaults differ from it, each
 measured to win (docs/evaluate_glue.md): the head reads the mean of the real tokens, not [CLS],
-and each matrix's lr is scaled by how far pretraining grew it. `--pooling cls --lr-scaling none` is
-cramming's protocol exactly. `--control random-init` fine-tunes a fresh copy of the network beside
-the checkpoint, to show what pretraining bought.
+each matrix's lr is scaled by how far pretraining grew it, and a checkpoint train.py pretrained
+with Muon is fine-tuned with Muon (its final/args.json says so). `--pooling cls --lr-scaling none
+--optimizer adamw` is cramming's protocol exactly. `--control random-init` fine-tunes a fresh copy
+of the network beside the checkpoint, to show what pretraining bought.
 
 Score: the mean of 9 numbers, CoLA MCC, SST-2 acc, MRPC F1, STS-B Pearson, QQP F1, MNLI-m acc,
 MNLI-mm acc, QNLI acc, RTE acc, WNLI excluded (cramming reports 78.6-80.4 this way;
@@ -264,6 +265,26 @@ def text_cleaning(checkpoint, clean=None):
     return {}, "data.py defaults"
 
 
+def fine_tuning_optimizer(checkpoint, optimizer=None):
+    """The optimizer to fine-tune with: `optimizer` if given, else the one that pretrained the
+    checkpoint (the "optimizer" of the args.json train.py's final/ holds), else AdamW (cramming's
+    protocol, and what checkpoints without an args.json, such as Hugging Face models, were
+    pretrained with). Returns (name, where it came from). Why match: on two train.py checkpoints
+    Muon fine-tuning gave the pretrained model 2.2 GLUE points and 5.5-6.6 of word order over
+    AdamW (docs/evaluate_glue.md, "Muon while fine-tuning")."""
+    if optimizer is not None:
+        return optimizer, "given"
+    path = os.path.join(checkpoint, "args.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            found = json.load(f).get("optimizer", "adamw")  # a run older than the flag: AdamW
+        if found not in OPTIMIZER_WORDS:
+            raise ValueError(f"{path}: optimizer {found!r} is not one of "
+                             f"{', '.join(OPTIMIZER_WORDS)}; pass --optimizer")
+        return found, f"as pretrained, {path}"
+    return "adamw", "no args.json in the checkpoint: cramming's"
+
+
 def run_task(name, spec, task_data, trunk, enc, clean, settings):
     """Fine-tune one task settings["seeds"] times and score every run on the dev sets. Returns
     (result dict, {submission name: test predictions of the median run}). trunk: the pretrained
@@ -397,7 +418,7 @@ DEFAULTS = {
     # "none"): each won on real GLUE at the 10-minute CPU default (docs/evaluate_glue.md).
     "pooling": "mean",           # the head reads all real positions ("mean") or [CLS] ("cls", BERT)
     "lr_scaling": "relative",    # each matrix's lr times its RMS over the init std; "none": one lr
-    "optimizer": "adamw",        # "muon": Muon on the blocks' matrices, as train.py pretrains
+    "optimizer": None,           # "adamw" | "muon"; None: as the checkpoint was pretrained
     "control": None,             # "random-init": the same protocol on a fresh copy of the network
     "eval_batch_size": 128,      # no gradients at evaluation, so bigger batches fit
     "max_train_examples": None,  # a fixed random subset of each training set (quick runs)
@@ -469,9 +490,11 @@ def evaluate(checkpoint, tasks=None, settings=None):
                          f"{cfg['vocab_size']}")
     max_len = fine_tuning_length(max_len, cfg)
     clean, clean_source = text_cleaning(checkpoint, given["clean"])
+    optimizer, optimizer_source = fine_tuning_optimizer(checkpoint, given["optimizer"])
     # the protocol as run (and recorded in results.json), in this order
-    protocol = {k: given[k] for k in ("epochs", "optimizer", "lr", "lr_scaling", "batch_size",
-                                      "warmup", "dropout", "weight_decay")}
+    protocol = {"epochs": given["epochs"], "optimizer": optimizer,
+                **{k: given[k] for k in ("lr", "lr_scaling", "batch_size", "warmup", "dropout",
+                                         "weight_decay")}}
     protocol.update(max_len=max_len, pooling=given["pooling"], seeds=given["seeds"],
                     eval_batch_size=given["eval_batch_size"],
                     max_train_examples=given["max_train_examples"], clean=clean,
@@ -479,7 +502,7 @@ def evaluate(checkpoint, tasks=None, settings=None):
     # what run_task and finetune need besides the protocol; not recorded
     settings = {**protocol, "pad_id": ids["pad"], "predict_test": bool(out), "device": device,
                 "progress": given["progress"], "save_model": given["save_model"]}
-    print(f"protocol: {OPTIMIZER_WORDS[protocol['optimizer']]} "
+    print(f"protocol: {OPTIMIZER_WORDS[protocol['optimizer']]} ({optimizer_source}) "
           f"lr {protocol['lr']:g}{LR_SCALING_WORDS[protocol['lr_scaling']]} "
           f"(betas 0.9/0.98, eps 1e-6, wd {protocol['weight_decay']:g}), "
           f"batch {protocol['batch_size']}, "
@@ -652,9 +675,10 @@ def make_parser():
                    help="relative (default): each weight matrix's lr times its RMS over the init "
                         "std (>= 1), so pretrained matrices that grew move as fast, relatively, as "
                         "fresh ones; none: one lr for all (cramming)")
-    p.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"),
-                   help="adamw (default, cramming's) or muon: Muon on the blocks' matrices and "
-                        "AdamW on the rest, as train.py pretrains")
+    p.add_argument("--optimizer", default=None, choices=("adamw", "muon"),
+                   help="adamw (cramming's) or muon: Muon on the blocks' matrices and AdamW on "
+                        "the rest (default: the one that pretrained the checkpoint, as its "
+                        "args.json records; adamw without one)")
     p.add_argument("--batch-size", type=int, default=16, help="training batch size in sequences")
     p.add_argument("--warmup", type=float, default=0.1,
                    help="linear warmup as a fraction of all steps, then cosine")

@@ -757,10 +757,13 @@ def save_checkpoint(net, optimizer, loader, state, *, clock, out, then="training
 
 
 def save_final(net, meta, out):
-    """OUT/final: model.py's folder with the tokenizer and the data's meta.json beside the
-    weights. A full disk here is one line: the checkpoint saved just before holds the weights."""
+    """OUT/final: model.py's folder with the tokenizer, the data's meta.json and the run's
+    args.json beside the weights, so the folder says how it was trained wherever it is copied
+    (evaluate_glue.py fine-tunes with the optimizer args.json names). A full disk here is one
+    line: the checkpoint saved just before holds the weights."""
     extra = {"tokenizer.json": meta["tokenizer"],
-             "meta.json": os.path.join(meta["dir"], "meta.json")}
+             "meta.json": os.path.join(meta["dir"], "meta.json"),
+             "args.json": os.path.join(out.folder, "args.json")}
     folder = os.path.join(out.folder, "final")
     with one_line_if_the_disk_is_full(folder, f"the trained weights are in {out.ckpt_path}: free "
                                       f"some space, then `python train.py --resume --out "

@@ -588,7 +588,7 @@ def downstream(final_folder, out_dir, epochs=3, lr=1e-3, seeds=3, tasks=None):
     task with the same protocol. tasks: {name: builder(out_dir) -> task dict} (default
     DOWNSTREAM_TASKS). Returns {"epochs", "lr", "seeds", "tasks": {name: {"task", "chance",
     "pretrained", "random_init"}}}, accuracies in percent (median over seeds). The protocol is
-    the one the README's downstream numbers were measured with: [CLS] pooling, one lr."""
+    the one the README's downstream numbers were measured with: [CLS] pooling, one lr, AdamW."""
     import evaluate_glue
     result = {"epochs": epochs, "lr": lr, "seeds": seeds, "tasks": {}}
     for task_name, build in (tasks or DOWNSTREAM_TASKS).items():
@@ -598,7 +598,8 @@ def downstream(final_folder, out_dir, epochs=3, lr=1e-3, seeds=3, tasks=None):
         glue = evaluate_glue.main(["--checkpoint", final_folder, "--task-file", task["train"],
                                    "--task-dev-file", task["dev"], "--seeds", str(seeds),
                                    "--epochs", str(epochs), "--lr", str(lr), "--pooling", "cls",
-                                   "--lr-scaling", "none", "--control", "random-init",
+                                   "--lr-scaling", "none", "--optimizer", "adamw",
+                                   "--control", "random-init",
                                    "--no-progress", "--out", os.path.join(out_dir, task_name)])
         # The task is named after train.tsv.
         r["pretrained"] = glue["tasks"]["train"]["metrics"]["accuracy"]

@@ -545,6 +545,28 @@ def test_the_optimizer_is_recorded_in_the_protocol(tmp_path, similarity_task, ch
     assert "Muon on the blocks' matrices" in (tmp_path / "run" / "results.md").read_text()
 
 
+def test_the_optimizer_defaults_to_the_one_that_pretrained_the_checkpoint(tmp_path,
+                                                                         similarity_task,
+                                                                         checkpoint):
+    """train.py's final/args.json names the pretraining optimizer; a folder without one (a
+    Hugging Face model, an export) is fine-tuned with AdamW, and --optimizer always wins."""
+    folder = tmp_path / "final"
+    shutil.copytree(checkpoint, folder)
+    assert eg.fine_tuning_optimizer(str(folder))[0] == "adamw"            # no args.json
+    (folder / "args.json").write_text(json.dumps({"lr": 0.01}))
+    assert eg.fine_tuning_optimizer(str(folder))[0] == "adamw"            # older than the flag
+    (folder / "args.json").write_text(json.dumps({"optimizer": "muon", "lr": 0.01}))
+    assert eg.fine_tuning_optimizer(str(folder)) == ("muon",
+                                                     f"as pretrained, {folder}/args.json")
+    assert eg.fine_tuning_optimizer(str(folder), "adamw") == ("adamw", "given")
+    r = eg.main(["--checkpoint", str(folder), "--task-file", similarity_task, "--seeds", "1",
+                 "--epochs", "1", "--no-progress", "--out", str(tmp_path / "run")])
+    assert r["settings"]["optimizer"] == "muon"
+    (folder / "args.json").write_text(json.dumps({"optimizer": "lion"}))
+    with pytest.raises(ValueError, match="args.json: optimizer 'lion' is not one of adamw, muon"):
+        eg.fine_tuning_optimizer(str(folder))
+
+
 def test_mean_pooling_is_recorded_and_saved_with_the_fine_tuned_model(tmp_path, similarity_task,
                                                                       checkpoint):
     import model

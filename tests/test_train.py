@@ -280,6 +280,10 @@ def test_end_to_end_run_learns_and_writes_every_output(sample_cache, tmp_path):
     import tokenizer
     enc = tokenizer.load_tokenizer(str(tmp_path / "final" / "tokenizer.json"))
     assert enc.decode(enc.encode_ordinary("To be, or not to be")) == "To be, or not to be"
+    # final/ carries the run's flags, so it says how it was trained wherever it is copied
+    assert json.load(open(tmp_path / "final" / "args.json")) == json.load(
+        open(tmp_path / "args.json"))
+    assert json.load(open(tmp_path / "final" / "args.json"))["optimizer"] == "adamw"
 
 
 def test_auto_dtype_is_bf16_on_a_gpu_or_a_cpu_with_bf16_instructions(monkeypatch):

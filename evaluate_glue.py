@@ -502,7 +502,8 @@ def evaluate(checkpoint, tasks=None, settings=None):
     # what run_task and finetune need besides the protocol; not recorded
     settings = {**protocol, "pad_id": ids["pad"], "predict_test": bool(out), "device": device,
                 "progress": given["progress"], "save_model": given["save_model"]}
-    print(f"protocol: {OPTIMIZER_WORDS[protocol['optimizer']]} ({optimizer_source}) "
+    print(f"fine-tuning optimizer: {optimizer} ({optimizer_source})")
+    print(f"protocol: {OPTIMIZER_WORDS[protocol['optimizer']]} "
           f"lr {protocol['lr']:g}{LR_SCALING_WORDS[protocol['lr_scaling']]} "
           f"(betas 0.9/0.98, eps 1e-6, wd {protocol['weight_decay']:g}), "
           f"batch {protocol['batch_size']}, "

@@ -678,3 +678,60 @@ def test_download_offline_is_one_line_error(tmp_path):
     assert msg.startswith(f"download failed: cannot download http://127.0.0.1:{port}/RTE.zip")
     assert "\n" not in msg
     assert not os.listdir(str(tmp_path / "g"))  # no partial files left behind
+
+
+# -----------------------------------------------------------------------------
+# bench/probe_stsb.py: why pretraining does not reach STS-B
+
+def load_probe():
+    import importlib.util
+
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location(
+        "probe_stsb", os.path.join(ROOT, "bench", "probe_stsb.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_word_overlap_scores_pairs_by_the_jaccard_overlap_of_their_words():
+    probe = load_probe()
+    split = {"a": ["The cat sat.", "a b c d", "x y", "one two"],
+             "b": ["the CAT sat", "a b e f", "z w", "one two three four"],
+             "labels": np.array([5.0, 2.0, 0.0, 2.5])}
+    # overlaps 1, 2/6, 0, 2/4: their Pearson correlation with the labels, in percent
+    expected = np.corrcoef([1, 1 / 3, 0, 0.5], [5.0, 2.0, 0.0, 2.5])[0, 1] * 100
+    assert probe.word_overlap_pearson(split) == pytest.approx(expected)
+
+
+def test_the_copy_probe_sorts_masked_tokens_by_whether_the_first_sentence_holds_them(checkpoint):
+    import model
+    import tokenizer
+    probe = load_probe()
+    enc = tokenizer.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
+    net = model.load_model(checkpoint)
+    texts = [sentence(i) for i in range(12)]
+    same = probe.copy_accuracy(net, enc, {"a": texts, "b": texts}, clean=str)
+    assert (same["n_copyable"], same["n_other"]) == (12, 0) and same["other"] is None
+    # no token of "zzzz" sits in the fixture's sentences (its tokenizer spells it in pieces)
+    assert not set(enc.encode_ordinary("zzzz")) & {t for s in texts
+                                                  for t in enc.encode_ordinary(s)}
+    apart = probe.copy_accuracy(net, enc, {"a": texts, "b": ["zzzz"] * 12}, clean=str)
+    assert (apart["n_copyable"], apart["n_other"]) == (0, 12)
+    assert 0 <= apart["other"] <= 100
+
+
+def test_the_stsb_probe_counts_copyable_tokens_and_fits_both_arms(tmp_path, glue_dir, checkpoint):
+    probe = load_probe()
+    r = probe.main(["--checkpoint", checkpoint, "--glue-dir", glue_dir, "--epochs", "1",
+                    "--out", str(tmp_path)])
+    dev = gt.load_task("STS-B", glue_dir)["dev"][""]
+    for arm in ("pretrained", "random_init"):
+        copy = r[arm]["copy"]
+        assert copy["n_copyable"] + copy["n_other"] == len(dev["a"])  # one masked token per pair
+        assert -100 <= r[arm]["fit"]["train"] <= 100 and -100 <= r[arm]["fit"]["dev"] <= 100
+    # the fixture checkpoint is itself a random network, but not the control's draw
+    assert r["pretrained"]["fit"] != r["random_init"]["fit"]
+    assert r["optimizer"] == "adamw"  # no args.json in the fixture checkpoint
+    assert json.load(open(tmp_path / "probe_stsb.json"))["word_overlap_dev_pearson"] == \
+        pytest.approx(r["word_overlap_dev_pearson"])

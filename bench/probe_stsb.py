@@ -10,7 +10,10 @@ random-init control (docs/evaluate_glue.md, "STS-B: the networks fit the pairs")
    accuracy is counted apart for tokens that also occur in a (they can be copied across the [SEP])
    and tokens that do not. A network that matches tokens across the pair scores much higher on the
    first; both are 0 for a random network.
-3. Fit: evaluate_glue.py's protocol on STS-B (one seed), with the Pearson correlation on the
+3. Frozen features: a ridge regression from the frozen network's final states (mean-pooled and
+   [CLS], standardized, penalty 1000) to the scores. It shows whether the pooled features hold
+   what the copying finds.
+4. Fit: evaluate_glue.py's protocol on STS-B (one seed), with the Pearson correlation on the
    training rows beside the dev set's. It shows whether fine-tuning learns a similarity or memorizes
    the pairs.
 Prints one line per probe and arm, and writes --out/probe_stsb.json.
@@ -64,6 +67,29 @@ def copy_accuracy(net, enc, split, clean, n_pairs=800, seed=0):
             "other": share(hits[False]), "n_other": len(hits[False])}
 
 
+def frozen_ridge_pearson(net, tokens, train_labels, dev_labels, pad_id, penalty=1000.0):
+    """Dev Pearson (percent) of a ridge regression from the frozen net's (mean-pooled final state,
+    [CLS] final state) features, each standardized on the training rows, to the scores."""
+    def features(seqs):                                                   # (N, 2d)
+        rows = []
+        with torch.no_grad():
+            for start in range(0, len(seqs), 256):
+                ids, mask = evaluate_glue.pad_batch(seqs[start:start + 256], pad_id,
+                                                    net.tok_emb.weight.device)
+                h = net.trunk(ids, mask)                                  # (B, T, d)
+                real = mask[..., None].float()
+                rows.append(torch.cat([(h * real).sum(1) / real.sum(1), h[:, 0]], -1))
+        return torch.cat(rows).double().cpu().numpy()
+    net.eval()
+    x_train, x_dev = features(tokens["train"]), features(tokens["dev"][""])
+    mean, std = x_train.mean(0), x_train.std(0) + 1e-6
+    x_train, x_dev = (x_train - mean) / std, (x_dev - mean) / std
+    y = np.asarray(train_labels, float)
+    w = np.linalg.solve(x_train.T @ x_train + penalty * np.eye(x_train.shape[1]),
+                        x_train.T @ (y - y.mean()))
+    return 100.0 * glue_tasks.pearson(x_dev @ w, np.asarray(dev_labels, float))
+
+
 def fit(trunk, tokens, train_labels, dev_labels, settings, n_train_scored=1500):
     """Fine-tune trunk on the training rows with settings (evaluate_glue's protocol, seed 0) and
     return {"train": Pearson % on the first n_train_scored training rows, "dev": on dev}."""
@@ -107,11 +133,13 @@ def probe(checkpoint, glue_dir, settings):
     control = evaluate_glue.random_init_copy(trunk, evaluate_glue.CONTROL_SEED)
     for arm, net in (("pretrained", trunk), ("random_init", control)):
         copying = copy_accuracy(net, enc, dev, clean)
+        frozen = frozen_ridge_pearson(net, tokens, train["labels"], dev["labels"], run["pad_id"])
         fitted = fit(net, tokens, train["labels"], dev["labels"], run)
-        result[arm] = {"copy": copying, "fit": fitted}
+        result[arm] = {"copy": copying, "frozen_dev": frozen, "fit": fitted}
         print(f"{arm}: masked token of b found {shown(copying['copyable'])}% when it occurs in "
               f"a ({copying['n_copyable']} pairs), {shown(copying['other'])}% when not "
-              f"({copying['n_other']}); fine-tuned ({optimizer}, lr {given['lr']:g}, "
+              f"({copying['n_other']}); frozen features: dev Pearson {frozen:.1f}; "
+              f"fine-tuned ({optimizer}, lr {given['lr']:g}, "
               f"{given['epochs']} epochs): train Pearson {fitted['train']:.1f}, "
               f"dev {fitted['dev']:.1f}", flush=True)
     return result

@@ -721,6 +721,24 @@ def test_the_copy_probe_sorts_masked_tokens_by_whether_the_first_sentence_holds_
     assert 0 <= apart["other"] <= 100
 
 
+def test_the_frozen_ridge_probe_fits_scores_it_can_see(checkpoint):
+    """With more features (2d) than rows and almost no penalty, the ridge regression reproduces the
+    training scores, so scoring it on the training rows themselves gives a Pearson of 100."""
+    import model
+    import tokenizer
+    probe = load_probe()
+    enc = tokenizer.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
+    net = model.load_model(checkpoint)
+    seqs = [enc.encode_ordinary(sentence(i)) for i in range(10)]
+    scores = np.arange(10.0) % 4
+    assert 2 * net.config["d_model"] > len(seqs)
+    tokens = {"train": seqs, "dev": {"": seqs}}
+    pad = tokenizer.special_ids(enc)["pad"]
+    assert probe.frozen_ridge_pearson(net, tokens, scores, scores, pad, penalty=1e-9) == \
+        pytest.approx(100.0, abs=0.1)
+    assert probe.frozen_ridge_pearson(net, tokens, scores, scores, pad, penalty=1e9) < 99
+
+
 def test_the_stsb_probe_counts_copyable_tokens_and_fits_both_arms(tmp_path, glue_dir, checkpoint):
     probe = load_probe()
     r = probe.main(["--checkpoint", checkpoint, "--glue-dir", glue_dir, "--epochs", "1",
@@ -730,6 +748,7 @@ def test_the_stsb_probe_counts_copyable_tokens_and_fits_both_arms(tmp_path, glue
         copy = r[arm]["copy"]
         assert copy["n_copyable"] + copy["n_other"] == len(dev["a"])  # one masked token per pair
         assert -100 <= r[arm]["fit"]["train"] <= 100 and -100 <= r[arm]["fit"]["dev"] <= 100
+        assert -100 <= r[arm]["frozen_dev"] <= 100
     # the fixture checkpoint is itself a random network, but not the control's draw
     assert r["pretrained"]["fit"] != r["random_init"]["fit"]
     assert r["optimizer"] == "adamw"  # no args.json in the fixture checkpoint

@@ -38,6 +38,7 @@ from tqdm import tqdm
 import data
 import download
 import files
+import flags
 import model
 import muon
 import tokenizer
@@ -277,7 +278,8 @@ def fine_tuning_optimizer(checkpoint, optimizer=None):
     path = os.path.join(checkpoint, "args.json")
     if os.path.isfile(path):
         with open(path) as f:
-            found = json.load(f).get("optimizer", "adamw")  # a run older than the flag: AdamW
+            # a run older than the flag (no key, or null) trained as flags.py's resume says it did
+            found = json.load(f).get("optimizer") or flags.BEFORE_THE_FLAG["optimizer"]
         if found not in OPTIMIZER_WORDS:
             raise ValueError(f"{path}: optimizer {found!r} is not one of "
                              f"{', '.join(OPTIMIZER_WORDS)}; pass --optimizer")

@@ -1,4 +1,4 @@
-"""Why pretraining does not pay off on STS-B at CPU budgets: three probes of a checkpoint and of its
+"""Why pretraining does not pay off on STS-B at CPU budgets: four probes of a checkpoint and of its
 random-init control (docs/evaluate_glue.md, "STS-B: the networks fit the pairs").
 
     python bench/probe_stsb.py --checkpoint runs/cram/final --glue-dir glue_data
@@ -106,7 +106,7 @@ def fit(trunk, tokens, train_labels, dev_labels, settings, n_train_scored=1500):
 
 
 def probe(checkpoint, glue_dir, settings):
-    """All three probes for the checkpoint and its random-init control (evaluate_glue's). settings:
+    """All four probes for the checkpoint and its random-init control (evaluate_glue's). settings:
     evaluate_glue.DEFAULTS keys to change (lr, epochs, optimizer, max_train_examples...)."""
     given = {**evaluate_glue.DEFAULTS, **settings}
     device = torch.device(given["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))

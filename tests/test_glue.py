@@ -555,6 +555,8 @@ def test_the_optimizer_defaults_to_the_one_that_pretrained_the_checkpoint(tmp_pa
     assert eg.fine_tuning_optimizer(str(folder))[0] == "adamw"            # no args.json
     (folder / "args.json").write_text(json.dumps({"lr": 0.01}))
     assert eg.fine_tuning_optimizer(str(folder))[0] == "adamw"            # older than the flag
+    (folder / "args.json").write_text(json.dumps({"optimizer": None}))
+    assert eg.fine_tuning_optimizer(str(folder))[0] == "adamw"            # saved unset
     (folder / "args.json").write_text(json.dumps({"optimizer": "muon", "lr": 0.01}))
     assert eg.fine_tuning_optimizer(str(folder)) == ("muon",
                                                      f"as pretrained, {folder}/args.json")

@@ -170,14 +170,19 @@ def param_groups(net, lr, scaling):
     return groups
 
 
-def make_optimizer(net, settings):
-    """The fine-tuning optimizer over param_groups: AdamW (betas 0.9/0.98, eps 1e-6), or with
-    optimizer "muon" Muon on the blocks' matrices and that AdamW on the rest, as train.py
-    pretrains (muon.py: train.py's momentum and the update RMS 0.2). Why offer Muon: a model is
-    said to fine-tune best with the optimizer it was pretrained with, since Adam and Muon leave
-    weights of different structure (Muon: flatter singular values) and the other optimizer's
-    steps undo it ("Can Muon fine-tune Adam-pretrained models?", arXiv 2605.10468)."""
+def make_optimizer(net, settings, params=None):
+    """The fine-tuning optimizer over param_groups (of params only, when given): AdamW (betas
+    0.9/0.98, eps 1e-6), or with optimizer "muon" Muon on the blocks' matrices and that AdamW on
+    the rest, as train.py pretrains (muon.py: train.py's momentum and the update RMS 0.2). Why
+    offer Muon: a model is said to fine-tune best with the optimizer it was pretrained with, since
+    Adam and Muon leave weights of different structure (Muon: flatter singular values) and the
+    other optimizer's steps undo it ("Can Muon fine-tune Adam-pretrained models?", arXiv
+    2605.10468)."""
     groups = param_groups(net, settings["lr"], settings["lr_scaling"])
+    if params is not None:  # only these (the head, while the network is frozen)
+        wanted = {id(p) for p in params}
+        groups = [{**g, "params": [p for p in g["params"] if id(p) in wanted]} for g in groups]
+        groups = [g for g in groups if g["params"]]
     if settings["optimizer"] == "adamw":
         return torch.optim.AdamW(groups, lr=settings["lr"], betas=(0.9, 0.98), eps=1e-6,
                                  weight_decay=settings["weight_decay"],
@@ -190,6 +195,11 @@ def make_optimizer(net, settings):
                           betas=(0.9, 0.98), eps=1e-6, weight_decay=settings["weight_decay"])
 
 
+def head_words(head_epochs):
+    """How the printout names the head-first epochs: nothing when there are none."""
+    return f"{head_epochs} epoch(s) of the head alone, then " if head_epochs else ""
+
+
 # How the printout and results.md name each optimizer, and each lr scaling after the lr.
 OPTIMIZER_WORDS = {"adamw": "AdamW", "muon": "Muon on the blocks' matrices, AdamW on the rest,"}
 LR_SCALING_WORDS = {"none": "", "relative": " times each matrix's RMS / init std"}
@@ -198,29 +208,60 @@ LR_SCALING_WORDS = {"none": "", "relative": " times each matrix's RMS / init std
 def finetune(trunk, spec, encoded, labels, settings, seed, desc=""):
     """Copy the pretrained trunk, attach a fresh head, train for settings["epochs"] epochs and
     return the trained model. encoded: the token lists of the train split; labels: its (N,) class
-    ids or floats. settings: evaluate's, with "device", "pad_id" and "progress"."""
-    device, progress = settings["device"], settings["progress"]
+    ids or floats. settings: evaluate's, with "device", "pad_id" and "progress".
+
+    With settings["head_epochs"] > 0 the fresh head first trains alone, the network frozen, for
+    that many epochs; then everything trains (LP-FT: Kumar et al. 2022, "Fine-Tuning can Distort
+    Pretrained Features and Underperform Out-of-Distribution": a random head's large early
+    gradients flow into the pretrained features and distort them)."""
     torch.manual_seed(seed)  # the head init and dropout masks
     net = copy.deepcopy(trunk)
     model.add_classifier(net, 1 if spec["classes"] is None else len(spec["classes"]),
                          pooling=settings["pooling"])
     model.set_dropout(net, settings["dropout"])  # dropout: off in pretraining, on for fine-tuning
-    net.to(device).train()
-    bs, n = settings["batch_size"], len(encoded)
-    total = settings["epochs"] * math.ceil(n / bs)
-    warmup = int(round(settings["warmup"] * total))
-    opt = make_optimizer(net, settings)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total))
+    net.to(device=settings["device"]).train()
     rng = np.random.default_rng(seed)
     target = torch.from_numpy(labels)
-    bar = tqdm(total=total, desc=desc, leave=False, disable=not progress)
-    for _ in range(settings["epochs"]):
+    steps_per_epoch = math.ceil(len(encoded) / settings["batch_size"])
+    bar = tqdm(total=(settings["head_epochs"] + settings["epochs"]) * steps_per_epoch, desc=desc,
+               leave=False, disable=not settings["progress"])
+    if settings["head_epochs"]:
+        train_head_alone(net, encoded, target, settings, rng, bar)
+    train_epochs(net, make_optimizer(net, settings), settings["epochs"], encoded, target,
+                 settings, rng, bar)
+    bar.close()
+    return net
+
+
+def train_head_alone(net, encoded, target, settings, rng, bar):
+    """LP-FT's first phase: train net's head (pooler and classifier) for settings["head_epochs"]
+    epochs with the rest of net frozen, then unfreeze it."""
+    head = [*net.pooler.parameters(), *net.classifier.parameters()]
+    frozen = [p for p in net.parameters() if all(p is not h for h in head)]
+    for p in frozen:
+        p.requires_grad_(False)  # so autograd neither keeps nor computes the trunk's graph
+    train_epochs(net, make_optimizer(net, settings, params=head), settings["head_epochs"],
+                 encoded, target, settings, rng, bar)
+    for p in frozen:
+        p.requires_grad_(True)
+    return net
+
+
+def train_epochs(net, opt, epochs, encoded, target, settings, rng, bar):
+    """Train net with opt for epochs passes over encoded (shuffled by rng), batch_size sequences a
+    step, under linear warmup then cosine decay to 0 over these epochs' steps."""
+    bs, n = settings["batch_size"], len(encoded)
+    total = epochs * math.ceil(n / bs)
+    warmup = int(round(settings["warmup"] * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total))
+    for _ in range(epochs):
         perm = rng.permutation(n)
         for start in range(0, n, bs):
             idx = perm[start:start + bs]
-            input_ids, mask = pad_batch([encoded[i] for i in idx], settings["pad_id"], device)
-            with autocast(device):
-                loss = net.classify(input_ids, mask, target[idx].to(device))["loss"]
+            input_ids, mask = pad_batch([encoded[i] for i in idx], settings["pad_id"],
+                                        settings["device"])
+            with autocast(settings["device"]):
+                loss = net.classify(input_ids, mask, target[idx].to(settings["device"]))["loss"]
             loss.backward()
             opt.step()
             sched.step()
@@ -228,8 +269,6 @@ def finetune(trunk, spec, encoded, labels, settings, seed, desc=""):
             bar.update(1)
             if bar.n % 50 == 0:  # .item() waits for the GPU, so only now and then
                 bar.set_postfix(loss=f"{loss.item():.4f}")
-    bar.close()
-    return net
 
 
 def write_text(path, text):
@@ -410,6 +449,7 @@ DEFAULTS = {
     "seeds": 5,                  # fine-tuning runs per task, median reported: small sets are noisy
     "out": None,                 # folder for results.json, results.md, submission/*.tsv
     "epochs": 5,                 # cramming's rule: at most 5 epochs of fine-tuning
+    "head_epochs": 0,            # epochs for the fresh head alone, the network frozen (LP-FT)
     "lr": 4e-5,                  # peak AdamW lr; BERT picked from 2e-5..5e-5 (Devlin et al. 4.1)
     "batch_size": 16,            # sequences per step: many updates even on RTE's 2.5k rows
     "warmup": 0.1,               # linear warmup over this share of the steps, then cosine to 0
@@ -464,6 +504,27 @@ def random_init_copy(trunk, seed):
     return fresh.to(trunk.tok_emb.weight.device)
 
 
+def load_checkpoint(checkpoint, given):
+    """What fine-tuning needs from a checkpoint folder, given the full settings (DEFAULTS and the
+    caller's changes): {"enc": its tokenizer, "trunk": its network on the device, "device",
+    "max_len": the fine-tuning length, "clean"/"clean_source": the pretraining corpus's text
+    cleaning, "optimizer"/"optimizer_source": the fine-tuning optimizer}, each with the rule that
+    decides it (fine_tuning_length, text_cleaning, fine_tuning_optimizer)."""
+    device = torch.device(given["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tok_path = os.path.join(checkpoint, "tokenizer.json")
+    enc = tokenizer.load_tokenizer(tok_path)
+    trunk = load_folder(checkpoint).to(device)  # train.py's final/, or an exported folder
+    if enc.n_vocab > model.padded_vocab_size(trunk.config):
+        raise ValueError(f"{tok_path}: {enc.n_vocab} tokens but the model embeds only "
+                         f"{trunk.config['vocab_size']}")
+    clean, clean_source = text_cleaning(checkpoint, given["clean"])
+    optimizer, optimizer_source = fine_tuning_optimizer(checkpoint, given["optimizer"])
+    return {"enc": enc, "trunk": trunk, "device": device,
+            "max_len": fine_tuning_length(given["max_len"], trunk.config),
+            "clean": clean, "clean_source": clean_source,
+            "optimizer": optimizer, "optimizer_source": optimizer_source}
+
+
 def evaluate(checkpoint, tasks=None, settings=None):
     """Fine-tune `checkpoint` (train.py's final/, or a folder export.py or transformers'
     save_pretrained wrote) on each task settings["seeds"] times. settings: the keys of DEFAULTS
@@ -478,23 +539,17 @@ def evaluate(checkpoint, tasks=None, settings=None):
     else data.py's defaults).
     """
     given = {**DEFAULTS, **(settings or {})}
-    glue_dir, out, max_len = given["glue_dir"], given["out"], given["max_len"]
-    device = torch.device(given["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
+    glue_dir, out = given["glue_dir"], given["out"]
     task_file = given["task_file"]
     tasks = ([] if task_file else list(TASKS)) if tasks is None else check_tasks(tasks)
-    tok_path = os.path.join(checkpoint, "tokenizer.json")
-    enc = tokenizer.load_tokenizer(tok_path)
+    loaded = load_checkpoint(checkpoint, given)
+    enc, trunk, device, max_len = (loaded[k] for k in ("enc", "trunk", "device", "max_len"))
+    clean, clean_source = loaded["clean"], loaded["clean_source"]
+    optimizer, optimizer_source = loaded["optimizer"], loaded["optimizer_source"]
     ids = tokenizer.special_ids(enc)
-    trunk = load_folder(checkpoint).to(device)  # train.py's final/, or an exported folder
-    cfg = trunk.config
-    if enc.n_vocab > model.padded_vocab_size(cfg):
-        raise ValueError(f"{tok_path}: {enc.n_vocab} tokens but the model embeds only "
-                         f"{cfg['vocab_size']}")
-    max_len = fine_tuning_length(max_len, cfg)
-    clean, clean_source = text_cleaning(checkpoint, given["clean"])
-    optimizer, optimizer_source = fine_tuning_optimizer(checkpoint, given["optimizer"])
     # the protocol as run (and recorded in results.json), in this order
-    protocol = {"epochs": given["epochs"], "optimizer": optimizer,
+    protocol = {"epochs": given["epochs"], "head_epochs": given["head_epochs"],
+                "optimizer": optimizer,
                 **{k: given[k] for k in ("lr", "lr_scaling", "batch_size", "warmup", "dropout",
                                          "weight_decay")}}
     protocol.update(max_len=max_len, pooling=given["pooling"], seeds=given["seeds"],
@@ -509,6 +564,7 @@ def evaluate(checkpoint, tasks=None, settings=None):
           f"lr {protocol['lr']:g}{LR_SCALING_WORDS[protocol['lr_scaling']]} "
           f"(betas 0.9/0.98, eps 1e-6, wd {protocol['weight_decay']:g}), "
           f"batch {protocol['batch_size']}, "
+          f"{head_words(protocol['head_epochs'])}"
           f"{protocol['epochs']} epochs, cosine with {protocol['warmup']:.0%} warmup, "
           f"dropout {protocol['dropout']:g}, max length {max_len}, {given['pooling']} pooling, "
           "last-epoch dev score, "
@@ -595,7 +651,7 @@ def markdown_table(results):
     scaled = LR_SCALING_WORDS[s["lr_scaling"]]
     lines = [f"# GLUE dev results for `{results['checkpoint']}`", "",
              f"{OPTIMIZER_WORDS[s['optimizer']]} lr {s['lr']:g}{scaled}, batch {s['batch_size']}, "
-             f"{s['epochs']} epochs, cosine with "
+             f"{head_words(s.get('head_epochs', 0))}{s['epochs']} epochs, cosine with "
              f"{s['warmup']:.0%} warmup, dropout {s['dropout']:g}, max length {s['max_len']}, "
              f"{s['pooling']} pooling; median of {s['seeds']} seed(s); percent."
              + (" Control: the same network from a random initialization (seed "
@@ -627,6 +683,7 @@ def markdown_table(results):
 def check_args(parser, args):
     """One-line errors for flags that parse but cannot give a score, before any file is read."""
     rules = [("seeds", args.seeds >= 1, ">= 1"), ("epochs", args.epochs >= 1, ">= 1"),
+             ("head_epochs", args.head_epochs >= 0, ">= 0"),
              ("lr", args.lr > 0 and math.isfinite(args.lr), "a positive number"),
              ("batch_size", args.batch_size >= 1, ">= 1"),
              ("eval_batch_size", args.eval_batch_size >= 1, ">= 1"),
@@ -673,6 +730,9 @@ def make_parser():
     p.add_argument("--seeds", type=int, default=5,
                    help="fine-tuning runs per task; the median is reported")
     p.add_argument("--epochs", type=int, default=5, help="passes over each training set")
+    p.add_argument("--head-epochs", type=int, default=0,
+                   help="first train the fresh head alone for this many epochs, the network "
+                        "frozen, then everything for --epochs (LP-FT); 0: off")
     p.add_argument("--lr", type=float, default=4e-5, help="peak AdamW learning rate")
     p.add_argument("--lr-scaling", default="relative", choices=("none", "relative"),
                    help="relative (default): each weight matrix's lr times its RMS over the init "

@@ -109,22 +109,20 @@ def probe(checkpoint, glue_dir, settings):
     """All four probes for the checkpoint and its random-init control (evaluate_glue's). settings:
     evaluate_glue.DEFAULTS keys to change (lr, epochs, optimizer, max_train_examples...)."""
     given = {**evaluate_glue.DEFAULTS, **settings}
-    device = torch.device(given["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
-    enc = tokenizer.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
-    trunk = evaluate_glue.load_folder(checkpoint).to(device)
-    cleaning, _ = evaluate_glue.text_cleaning(checkpoint, given["clean"])
-    optimizer, _ = evaluate_glue.fine_tuning_optimizer(checkpoint, given["optimizer"])
+    loaded = evaluate_glue.load_checkpoint(checkpoint, given)
+    enc, trunk, optimizer = loaded["enc"], loaded["trunk"], loaded["optimizer"]
 
     def clean(text):
-        return data.clean_text(text, **cleaning)[0]
+        return data.clean_text(text, **loaded["clean"])[0]
 
     task = glue_tasks.load_task("STS-B", glue_dir)
     train = evaluate_glue.training_rows("STS-B", glue_tasks.TASKS["STS-B"], task["train"],
                                         given["max_train_examples"])
-    max_len = evaluate_glue.fine_tuning_length(given["max_len"], trunk.config)
-    tokens = evaluate_glue.encode_task(enc, train, task, max_len, clean, with_test=False)
-    run = {**given, "optimizer": optimizer, "max_len": max_len, "device": device,
-           "pad_id": tokenizer.special_ids(enc)["pad"], "progress": False}
+    tokens = evaluate_glue.encode_task(enc, train, task, loaded["max_len"], clean,
+                                       with_test=False)
+    run = {**given, "optimizer": optimizer, "max_len": loaded["max_len"],
+           "device": loaded["device"], "pad_id": tokenizer.special_ids(enc)["pad"],
+           "progress": False}
     dev = task["dev"][""]
     result = {"checkpoint": checkpoint, "optimizer": optimizer, "lr": given["lr"],
               "epochs": given["epochs"], "word_overlap_dev_pearson": word_overlap_pearson(dev)}

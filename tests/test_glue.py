@@ -8,6 +8,7 @@ rows per task); the end-to-end run fine-tunes a tiny random model on it on the C
 """
 import functools
 import http.server
+import io
 import json
 import math
 import os
@@ -537,6 +538,46 @@ def test_muon_fine_tuning_steps_the_blocks_matrices_by_muon_at_their_relative_lr
                       torch.optim.AdamW)
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_head_first_epochs_train_the_head_alone_then_unfreeze_the_network(optimizer):
+    """--head-epochs (LP-FT): the fresh head learns while every other weight stays bit-equal,
+    and afterwards the whole network trains again."""
+    from tqdm import tqdm
+
+    import model
+    net = model.build_model(model.make_config("tiny", n_layers=1, d_model=32, n_heads=2,
+                                              ffn_dim=64))
+    model.add_classifier(net, 2, pooling="mean")
+    settings = {"lr": 1e-2, "lr_scaling": "relative", "weight_decay": 0.0, "batch_size": 4,
+                "warmup": 0.0, "head_epochs": 2, "optimizer": optimizer, "pad_id": 0,
+                "device": torch.device("cpu")}
+    rng = np.random.default_rng(0)
+    encoded = [list(rng.integers(5, 500, size=6)) for _ in range(8)]
+    target = torch.tensor([0, 1] * 4)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    bar = tqdm(file=io.StringIO())  # counts the steps
+    eg.train_head_alone(net, encoded, target, settings, rng, bar)
+    after = net.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved == {"pooler.weight", "pooler.bias", "classifier.weight", "classifier.bias"}
+    assert bar.n == 2 * 2                                   # 2 epochs of 2 batches
+    assert all(p.requires_grad for p in net.parameters())   # unfrozen again
+    eg.train_epochs(net, eg.make_optimizer(net, settings), 1, encoded, target, settings, rng,
+                    bar)
+    assert not torch.equal(before["blocks.0.qkv.weight"], net.state_dict()["blocks.0.qkv.weight"])
+
+
+def test_head_first_epochs_are_recorded_in_the_protocol(tmp_path, similarity_task, checkpoint):
+    r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
+                 "--epochs", "1", "--head-epochs", "1", "--no-progress",
+                 "--out", str(tmp_path / "run")])
+    assert r["settings"]["head_epochs"] == 1
+    table = (tmp_path / "run" / "results.md").read_text()
+    assert "1 epoch(s) of the head alone, then 1 epochs" in table
+    with pytest.raises(SystemExit):
+        eg.main(["--checkpoint", checkpoint, "--head-epochs", "-1"])
+
+
 def test_the_optimizer_is_recorded_in_the_protocol(tmp_path, similarity_task, checkpoint):
     r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
                  "--epochs", "1", "--optimizer", "muon", "--no-progress",
@@ -756,3 +797,87 @@ def test_the_stsb_probe_counts_copyable_tokens_and_fits_both_arms(tmp_path, glue
     assert r["optimizer"] == "adamw"  # no args.json in the fixture checkpoint
     assert json.load(open(tmp_path / "probe_stsb.json"))["word_overlap_dev_pearson"] == \
         pytest.approx(r["word_overlap_dev_pearson"])
+
+
+# -----------------------------------------------------------------------------
+# bench/probe_frozen.py: linear probes of the frozen features, both arms
+
+def load_frozen_probe():
+    import importlib.util
+
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location(
+        "probe_frozen", os.path.join(ROOT, "bench", "probe_frozen.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_sentence_feature_is_the_mean_of_its_own_final_states_whatever_the_batch(checkpoint):
+    """[CLS], [SEP] and padding are left out: a short sentence batched beside a long one gets the
+    same features as alone, and they are the mean of positions 1..n of its unpadded states."""
+    import model
+    import tokenizer
+    probe = load_frozen_probe()
+    enc = tokenizer.load_tokenizer(os.path.join(checkpoint, "tokenizer.json"))
+    net = model.load_model(checkpoint)
+    short, long = sentence(1, n=3), sentence(2, n=12)
+    both = probe.sentence_features(net, enc, [short, long], str, max_len=64)
+    alone = probe.sentence_features(net, enc, [short], str, max_len=64)
+    assert both.shape == (2, net.config["d_model"])
+    np.testing.assert_allclose(both[0], alone[0], atol=1e-5)
+    ids = tokenizer.special_ids(enc)
+    tokens = enc.encode_ordinary(short)
+    seq = torch.tensor([[ids["cls"], *tokens, ids["sep"]]])
+    with torch.no_grad():
+        states = net.trunk(seq, torch.ones_like(seq))[0]                   # (n + 2, d)
+    np.testing.assert_allclose(alone[0], states[1:-1].mean(0).double().numpy(), atol=1e-5)
+
+
+def test_pair_features_are_both_sentences_their_distance_product_and_cosine():
+    probe = load_frozen_probe()
+    u, v = np.array([[1.0, 0.0], [3.0, 4.0]]), np.array([[0.0, 2.0], [3.0, 4.0]])
+    x = probe.pair_features(u, v)
+    np.testing.assert_allclose(x[0], [1, 0, 0, 2, 1, 2, 0, 0, 0])          # orthogonal: cos 0
+    np.testing.assert_allclose(x[1], [3, 4, 3, 4, 0, 0, 9, 16, 1])         # equal: cos 1
+
+
+def test_the_ridge_probe_recovers_labels_that_its_features_determine():
+    """Classes that a feature separates are all predicted right, and a score that is a linear
+    function of the features is predicted with a Pearson near 1; noise-free data picks the
+    smallest penalty."""
+    probe = load_frozen_probe()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 5))
+    classes = (x[:, 0] > 0).astype(int)
+    pred, penalty = probe.ridge_predictions(x[:150], classes[:150], x[150:], ["0", "1"],
+                                            gt.accuracy, penalties=(0.01, 1e6))
+    assert (pred == classes[150:]).mean() >= 0.95 and penalty == 0.01
+    scores = x @ np.array([1.0, -2.0, 0.5, 0.0, 3.0]) + 2.5
+    pred, penalty = probe.ridge_predictions(x[:150], scores[:150], x[150:], None, gt.pearson,
+                                            penalties=(0.01, 1e6))
+    assert gt.pearson(pred, scores[150:]) > 0.999 and penalty == 0.01
+    np.testing.assert_allclose(pred, scores[150:], atol=0.05)
+
+
+def test_the_frozen_probe_scores_both_arms_on_the_five_tasks(tmp_path, glue_dir, checkpoint):
+    probe = load_frozen_probe()
+    fine_tuned = {"tasks": {"RTE": {"metrics": {"accuracy": 60.0}}},
+                  "control": {"tasks": {"RTE": {"metrics": {"accuracy": 55.0}}}}}
+    (tmp_path / "results.json").write_text(json.dumps(fine_tuned))
+    r = probe.main(["--checkpoint", checkpoint, "--glue-dir", glue_dir,
+                    "--glue-results", str(tmp_path / "results.json"), "--out", str(tmp_path)])
+    assert list(r["tasks"]) == ["CoLA", "SST-2", "MRPC", "STS-B", "RTE"]
+    for name, row in r["tasks"].items():
+        assert row["gain"] == pytest.approx(row["pretrained"]["score"] -
+                                            row["random_init"]["score"])
+        assert row["pretrained"]["penalty"] in probe.PENALTIES
+    # the fixture checkpoint is a random network, but not the control's draw
+    assert r["tasks"]["STS-B"]["pretrained"] != r["tasks"]["STS-B"]["random_init"]
+    assert r["tasks"]["RTE"]["fine_tuned"] == {"pretrained": 60.0, "random_init": 55.0}
+    assert "fine_tuned" not in r["tasks"]["CoLA"]
+    assert r["mean_gain"] == pytest.approx(r["mean_pretrained"] - r["mean_random_init"])
+    assert json.load(open(tmp_path / "probe_frozen.json"))["mean_gain"] == \
+        pytest.approx(r["mean_gain"])
+    with pytest.raises(SystemExit):
+        probe.main(["--checkpoint", checkpoint, "--glue-dir", glue_dir, "--tasks", "qqp"])

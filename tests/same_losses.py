@@ -10,7 +10,8 @@ The first three runs are the ones a restructure is most likely to disturb: a pla
 mixture. They keep cramming's AdamW, triangle schedule, no growth and no value residual, train.py's
 defaults when they were recorded, so their record still holds since the defaults changed; the
 fourth run pins today's defaults (recorded again when depth growth and the value residual joined,
-again when 40% masking did, and again when growth at 20% and the linear decay did: record 6).
+again when 40% masking did, again when growth at 20% and the linear decay did: record 6, and
+again when growth moved to 15%: record 7).
 Each is a fresh `python train.py` process on the bundled sample with a fixed seed and a step budget
 (a deterministic clock), on the CPU. Everything they log is compared: every step's loss and
 gradient norm, every held-out loss (per source for the mixture) and the losses around each growth

@@ -89,9 +89,9 @@ def test_presets_start_small_and_end_at_the_target(preset):
     assert stages[0]["config"]["n_layers"] == 4                   # L/4 in both presets
 
 
-def test_depth_stacks_half_the_layers_at_20_percent_or_where_at_says():
+def test_depth_stacks_half_the_layers_at_15_percent_or_where_at_says():
     target = model.make_config("base")
-    for text, at in (("depth", 0.2), ("depth@0.3", 0.3)):
+    for text, at in (("depth", 0.15), ("depth@0.2", 0.2), ("depth@0.3", 0.3)):
         stages = grow.parse_schedule(text, target)
         assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 8), (at, 16)]
     for bad, words in (("depth@1.5", "with 0 <= AT < 1"), ("depth@soon", "AT a fraction"),

@@ -171,7 +171,7 @@ def test_depth_growth_is_chosen_unless_the_run_cannot_grow():
     assert picked("--arch", "modernbert") == "none"             # its first block has no growth rule
     assert "grow" not in chosen(["--minutes", "2", "--grow", "none"], 2e10, False)  # given: wins
     stages = grow.parse_schedule("depth", model.make_config("mini"))
-    assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 2), (0.2, 4)]
+    assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 2), (0.15, 4)]
 
 
 def test_a_default_run_grows_at_20_percent_and_older_runs_resume_as_they_grew(
@@ -183,7 +183,7 @@ def test_a_default_run_grows_at_20_percent_and_older_runs_resume_as_they_grew(
         (2, "n_layers=1", "n_layers=2")]
     # args.json saves the fraction, so a later change of the preset cannot move a resumed run's
     # growth
-    assert json.loads((out / "args.json").read_text())["grow"] == "depth@0.2"
+    assert json.loads((out / "args.json").read_text())["grow"] == "depth@0.15"
     # An args.json written before depth growth became the default saved "grow": null, which
     # meant no growth; resuming it must not start growing.
     old = tmp_path / "old"

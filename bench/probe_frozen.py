@@ -179,8 +179,7 @@ def main(argv=None):
                    args.glue_results)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "probe_frozen.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    evaluate_glue.write_text(path, json.dumps(result, indent=1))  # a temporary file, then a rename
     print(f"wrote {path}")
     return result
 

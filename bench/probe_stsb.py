@@ -164,8 +164,7 @@ def main(argv=None):
                     "max_train_examples": args.max_train_examples})
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "probe_stsb.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    evaluate_glue.write_text(path, json.dumps(result, indent=1))  # a temporary file, then a rename
     print(f"wrote {path}")
     return result
 

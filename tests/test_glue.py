@@ -726,15 +726,19 @@ def test_download_offline_is_one_line_error(tmp_path):
 # -----------------------------------------------------------------------------
 # bench/probe_stsb.py: why pretraining does not reach STS-B
 
-def load_probe():
+def load_bench(name):
+    """bench/NAME.py as a module (bench/ is not a package)."""
     import importlib.util
 
     from conftest import ROOT
-    spec = importlib.util.spec_from_file_location(
-        "probe_stsb", os.path.join(ROOT, "bench", "probe_stsb.py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "bench", name + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_probe():
+    return load_bench("probe_stsb")
 
 
 def test_word_overlap_scores_pairs_by_the_jaccard_overlap_of_their_words():
@@ -803,14 +807,7 @@ def test_the_stsb_probe_counts_copyable_tokens_and_fits_both_arms(tmp_path, glue
 # bench/probe_frozen.py: linear probes of the frozen features, both arms
 
 def load_frozen_probe():
-    import importlib.util
-
-    from conftest import ROOT
-    spec = importlib.util.spec_from_file_location(
-        "probe_frozen", os.path.join(ROOT, "bench", "probe_frozen.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("probe_frozen")
 
 
 def test_a_sentence_feature_is_the_mean_of_its_own_final_states_whatever_the_batch(checkpoint):

@@ -27,11 +27,13 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(BENCH), BENCH]
 import data  # noqa: E402
 import evaluate_glue  # noqa: E402
 import glue_tasks  # noqa: E402
 import tokenizer  # noqa: E402
+from probe_frozen import fit_ridge  # noqa: E402  (beside this file)
 
 
 def word_overlap_pearson(split):
@@ -81,13 +83,9 @@ def frozen_ridge_pearson(net, tokens, train_labels, dev_labels, pad_id, penalty=
                 rows.append(torch.cat([(h * real).sum(1) / real.sum(1), h[:, 0]], -1))
         return torch.cat(rows).double().cpu().numpy()
     net.eval()
-    x_train, x_dev = features(tokens["train"]), features(tokens["dev"][""])
-    mean, std = x_train.mean(0), x_train.std(0) + 1e-6
-    x_train, x_dev = (x_train - mean) / std, (x_dev - mean) / std
-    y = np.asarray(train_labels, float)
-    w = np.linalg.solve(x_train.T @ x_train + penalty * np.eye(x_train.shape[1]),
-                        x_train.T @ (y - y.mean()))
-    return 100.0 * glue_tasks.pearson(x_dev @ w, np.asarray(dev_labels, float))
+    predict, _ = fit_ridge(features(tokens["train"]), np.asarray(train_labels, float), penalty)
+    return 100.0 * glue_tasks.pearson(predict(features(tokens["dev"][""])),
+                                      np.asarray(dev_labels, float))
 
 
 def fit(trunk, tokens, train_labels, dev_labels, settings, n_train_scored=1500):

@@ -170,6 +170,41 @@ def param_groups(net, lr, scaling):
     return groups
 
 
+def layer_depths(net):
+    """{parameter name: its depth}: 0 for the embedding (and what sits beside it), i + 1 for
+    blocks.i, and n_layers + 1 for everything above the last block (final norm, pooler,
+    classifier): the head counts as one more layer, as in ELECTRA's fine-tuning."""
+    n_layers = len(net.blocks)
+    depths = {}
+    for name, _ in net.named_parameters():
+        parts = name.split(".")
+        if parts[0] == "blocks":
+            depths[name] = int(parts[1]) + 1
+        elif parts[0] in ("tok_emb", "emb_norm", "pos_emb", "pos_scale"):
+            depths[name] = 0
+        else:
+            depths[name] = n_layers + 1
+    return depths
+
+
+def layer_decayed(groups, net, decay):
+    """groups (one per parameter, as param_groups makes them) with each lr times
+    decay ** (n_layers + 1 - depth): the head at lr, the last block at lr * decay, the embedding
+    at lr * decay ** (n_layers + 1). Layer-wise lr decay (Howard & Ruder 2018, ULMFiT's
+    discriminative fine-tuning; Clark et al. 2020, ELECTRA, Appendix A: 0.8 for Base): the lower
+    layers hold the most general features, so they move least. decay 1: unchanged."""
+    if decay == 1:
+        return groups
+    top = len(net.blocks) + 1
+    depths = layer_depths(net)
+    depth_of = {id(p): depths[name] for name, p in net.named_parameters()}
+    out = []
+    for g in groups:
+        for p in g["params"]:
+            out.append({**g, "params": [p], "lr": g["lr"] * decay ** (top - depth_of[id(p)])})
+    return out
+
+
 def make_optimizer(net, settings, params=None):
     """The fine-tuning optimizer over param_groups (of params only, when given): AdamW (betas
     0.9/0.98, eps 1e-6), or with optimizer "muon" Muon on the blocks' matrices and that AdamW on
@@ -179,6 +214,7 @@ def make_optimizer(net, settings, params=None):
     other optimizer's steps undo it ("Can Muon fine-tune Adam-pretrained models?", arXiv
     2605.10468)."""
     groups = param_groups(net, settings["lr"], settings["lr_scaling"])
+    groups = layer_decayed(groups, net, settings["layer_decay"])
     if params is not None:  # only these (the head, while the network is frozen)
         wanted = {id(p) for p in params}
         groups = [{**g, "params": [p for p in g["params"] if id(p) in wanted]} for g in groups]
@@ -193,6 +229,11 @@ def make_optimizer(net, settings, params=None):
     return muon.MuonAdamW([g for g in split if g["params"]], lr=settings["lr"],
                           momentum=muon.RECIPE_MOMENTUM,
                           betas=(0.9, 0.98), eps=1e-6, weight_decay=settings["weight_decay"])
+
+
+def layer_decay_words(layer_decay):
+    """How the printout names the layer-wise decay after the lr: nothing when it is off."""
+    return "" if layer_decay == 1 else f", times {layer_decay:g} per layer below the head"
 
 
 def head_words(head_epochs):
@@ -460,6 +501,7 @@ DEFAULTS = {
     # "none"): each won on real GLUE at the 10-minute CPU default (docs/evaluate_glue.md).
     "pooling": "mean",           # the head reads all real positions ("mean") or [CLS] ("cls", BERT)
     "lr_scaling": "relative",    # each matrix's lr times its RMS over the init std; "none": one lr
+    "layer_decay": 1.0,          # lr times layer_decay per layer below the head (ELECTRA); 1: off
     "optimizer": None,           # "adamw" | "muon"; None: as the checkpoint was pretrained
     "control": None,             # "random-init": the same protocol on a fresh copy of the network
     "eval_batch_size": 128,      # no gradients at evaluation, so bigger batches fit
@@ -550,8 +592,8 @@ def evaluate(checkpoint, tasks=None, settings=None):
     # the protocol as run (and recorded in results.json), in this order
     protocol = {"epochs": given["epochs"], "head_epochs": given["head_epochs"],
                 "optimizer": optimizer,
-                **{k: given[k] for k in ("lr", "lr_scaling", "batch_size", "warmup", "dropout",
-                                         "weight_decay")}}
+                **{k: given[k] for k in ("lr", "lr_scaling", "layer_decay", "batch_size",
+                                         "warmup", "dropout", "weight_decay")}}
     protocol.update(max_len=max_len, pooling=given["pooling"], seeds=given["seeds"],
                     eval_batch_size=given["eval_batch_size"],
                     max_train_examples=given["max_train_examples"], clean=clean,
@@ -561,7 +603,8 @@ def evaluate(checkpoint, tasks=None, settings=None):
                 "progress": given["progress"], "save_model": given["save_model"]}
     print(f"fine-tuning optimizer: {optimizer} ({optimizer_source})")
     print(f"protocol: {OPTIMIZER_WORDS[protocol['optimizer']]} "
-          f"lr {protocol['lr']:g}{LR_SCALING_WORDS[protocol['lr_scaling']]} "
+          f"lr {protocol['lr']:g}{LR_SCALING_WORDS[protocol['lr_scaling']]}"
+          f"{layer_decay_words(protocol['layer_decay'])} "
           f"(betas 0.9/0.98, eps 1e-6, wd {protocol['weight_decay']:g}), "
           f"batch {protocol['batch_size']}, "
           f"{head_words(protocol['head_epochs'])}"
@@ -650,7 +693,8 @@ def markdown_table(results):
     control = results.get("control")
     scaled = LR_SCALING_WORDS[s["lr_scaling"]]
     lines = [f"# GLUE dev results for `{results['checkpoint']}`", "",
-             f"{OPTIMIZER_WORDS[s['optimizer']]} lr {s['lr']:g}{scaled}, batch {s['batch_size']}, "
+             f"{OPTIMIZER_WORDS[s['optimizer']]} lr {s['lr']:g}{scaled}"
+             f"{layer_decay_words(s.get('layer_decay', 1.0))}, batch {s['batch_size']}, "
              f"{head_words(s.get('head_epochs', 0))}{s['epochs']} epochs, cosine with "
              f"{s['warmup']:.0%} warmup, dropout {s['dropout']:g}, max length {s['max_len']}, "
              f"{s['pooling']} pooling; median of {s['seeds']} seed(s); percent."
@@ -685,6 +729,7 @@ def check_args(parser, args):
     rules = [("seeds", args.seeds >= 1, ">= 1"), ("epochs", args.epochs >= 1, ">= 1"),
              ("head_epochs", args.head_epochs >= 0, ">= 0"),
              ("lr", args.lr > 0 and math.isfinite(args.lr), "a positive number"),
+             ("layer_decay", 0 < args.layer_decay <= 1, "in (0, 1]"),
              ("batch_size", args.batch_size >= 1, ">= 1"),
              ("eval_batch_size", args.eval_batch_size >= 1, ">= 1"),
              ("warmup", 0 <= args.warmup < 1, "in [0, 1)"),
@@ -738,6 +783,10 @@ def make_parser():
                    help="relative (default): each weight matrix's lr times its RMS over the init "
                         "std (>= 1), so pretrained matrices that grew move as fast, relatively, as "
                         "fresh ones; none: one lr for all (cramming)")
+    p.add_argument("--layer-decay", type=float, default=1.0,
+                   help="layer-wise lr decay: the head at --lr, each layer below it at this "
+                        "factor times the one above, the embedding lowest (ELECTRA: 0.8); "
+                        "1: off (default)")
     p.add_argument("--optimizer", default=None, choices=("adamw", "muon"),
                    help="adamw (cramming's) or muon: Muon on the blocks' matrices and AdamW on "
                         "the rest (default: the one that pretrained the checkpoint, as its "

@@ -514,7 +514,7 @@ def test_muon_fine_tuning_steps_the_blocks_matrices_by_muon_at_their_relative_lr
     std = net.config["init_std"]
     with torch.no_grad():
         net.blocks[0].qkv.weight.normal_(0, 20 * std)
-    settings = {"lr": 1e-3, "lr_scaling": "relative", "weight_decay": 0.0,
+    settings = {"lr": 1e-3, "lr_scaling": "relative", "layer_decay": 1.0, "weight_decay": 0.0,
                 "device": torch.device("cpu")}
     opt = eg.make_optimizer(net, {**settings, "optimizer": "muon"})
     assert isinstance(opt, muon.MuonAdamW)
@@ -550,6 +550,7 @@ def test_head_first_epochs_train_the_head_alone_then_unfreeze_the_network(optimi
     model.add_classifier(net, 2, pooling="mean")
     settings = {"lr": 1e-2, "lr_scaling": "relative", "weight_decay": 0.0, "batch_size": 4,
                 "warmup": 0.0, "head_epochs": 2, "optimizer": optimizer, "pad_id": 0,
+                "layer_decay": 1.0,
                 "device": torch.device("cpu")}
     rng = np.random.default_rng(0)
     encoded = [list(rng.integers(5, 500, size=6)) for _ in range(8)]
@@ -878,3 +879,45 @@ def test_the_frozen_probe_scores_both_arms_on_the_five_tasks(tmp_path, glue_dir,
         pytest.approx(r["mean_gain"])
     with pytest.raises(SystemExit):
         probe.main(["--checkpoint", checkpoint, "--glue-dir", glue_dir, "--tasks", "qqp"])
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_layer_decay_gives_each_layer_the_lr_of_the_one_above_times_the_decay(optimizer):
+    """--layer-decay 0.5 on 2 blocks: the head (final norm, pooler, classifier) at lr, blocks.1 at
+    lr / 2, blocks.0 at lr / 4, the embedding at lr / 8; each on top of relative scaling."""
+    import model
+    net = model.build_model(model.make_config("tiny", n_layers=2, d_model=32, n_heads=2,
+                                              ffn_dim=64))
+    model.add_classifier(net, 2, pooling="mean")
+    with torch.no_grad():
+        net.blocks[0].up.weight.mul_(10)  # a grown matrix: relative scaling raises its lr ~10x
+    settings = {"lr": 1e-2, "lr_scaling": "relative", "weight_decay": 0.0, "optimizer": optimizer,
+                "device": torch.device("cpu")}
+    plain = eg.make_optimizer(net, {**settings, "layer_decay": 1.0})
+    decayed = eg.make_optimizer(net, {**settings, "layer_decay": 0.5})
+    names = {id(p): n for n, p in net.named_parameters()}
+
+    def lrs(opt):
+        return {names[id(p)]: g["lr"] for g in opt.param_groups for p in g["params"]}
+    before, after = lrs(plain), lrs(decayed)
+    assert before.keys() == after.keys() == {n for n, _ in net.named_parameters()}
+    expected = {"classifier.weight": 1, "pooler.bias": 1, "final_norm.weight": 1,
+                "blocks.1.qkv.weight": 0.5, "blocks.1.norm2.bias": 0.5,
+                "blocks.0.up.weight": 0.25, "blocks.0.down.weight": 0.25,
+                "tok_emb.weight": 0.125, "emb_norm.weight": 0.125}
+    for name, factor in expected.items():
+        assert after[name] == pytest.approx(before[name] * factor), name
+    assert before["blocks.0.up.weight"] == pytest.approx(10 * before["blocks.0.down.weight"],
+                                                         rel=0.1)
+
+
+def test_layer_decay_is_checked_and_recorded_in_the_protocol(tmp_path, similarity_task,
+                                                             checkpoint):
+    r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
+                 "--epochs", "1", "--layer-decay", "0.8", "--no-progress",
+                 "--out", str(tmp_path / "run")])
+    assert r["settings"]["layer_decay"] == 0.8
+    assert "times 0.8 per layer below the head" in (tmp_path / "run" / "results.md").read_text()
+    for bad in ("0", "1.5"):
+        with pytest.raises(SystemExit):
+            eg.main(["--checkpoint", checkpoint, "--layer-decay", bad])

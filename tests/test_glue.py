@@ -431,6 +431,12 @@ def test_the_control_is_the_same_network_freshly_initialized_without_touching_th
             assert not torch.equal(c, p), name
 
 
+def quick_run(checkpoint, task_file, out, *flags):
+    """evaluate_glue's command line on task_file: one seed, one epoch, no progress bars."""
+    return eg.main(["--checkpoint", checkpoint, "--task-file", task_file, "--seeds", "1",
+                    "--epochs", "1", "--no-progress", "--out", out, *flags])
+
+
 @pytest.fixture(scope="module")
 def similarity_task(tmp_path_factory):
     """A tiny regression task file: a float label per pair, so any change of weights changes the
@@ -569,9 +575,7 @@ def test_head_first_epochs_train_the_head_alone_then_unfreeze_the_network(optimi
 
 
 def test_head_first_epochs_are_recorded_in_the_protocol(tmp_path, similarity_task, checkpoint):
-    r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
-                 "--epochs", "1", "--head-epochs", "1", "--no-progress",
-                 "--out", str(tmp_path / "run")])
+    r = quick_run(checkpoint, similarity_task, str(tmp_path / "run"), "--head-epochs", "1")
     assert r["settings"]["head_epochs"] == 1
     table = (tmp_path / "run" / "results.md").read_text()
     assert "1 epoch(s) of the head alone, then 1 epochs" in table
@@ -580,9 +584,7 @@ def test_head_first_epochs_are_recorded_in_the_protocol(tmp_path, similarity_tas
 
 
 def test_the_optimizer_is_recorded_in_the_protocol(tmp_path, similarity_task, checkpoint):
-    r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
-                 "--epochs", "1", "--optimizer", "muon", "--no-progress",
-                 "--out", str(tmp_path / "run")])
+    r = quick_run(checkpoint, similarity_task, str(tmp_path / "run"), "--optimizer", "muon")
     assert r["settings"]["optimizer"] == "muon"
     assert "Muon on the blocks' matrices" in (tmp_path / "run" / "results.md").read_text()
 
@@ -615,9 +617,8 @@ def test_mean_pooling_is_recorded_and_saved_with_the_fine_tuned_model(tmp_path, 
                                                                       checkpoint):
     import model
     saved = str(tmp_path / "models")
-    r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
-                 "--epochs", "1", "--pooling", "mean", "--no-progress", "--save-model", saved,
-                 "--out", str(tmp_path / "run")])
+    r = quick_run(checkpoint, similarity_task, str(tmp_path / "run"), "--pooling", "mean",
+                  "--save-model", saved)
     assert r["settings"]["pooling"] == "mean"
     assert model.load_model(os.path.join(saved, "similarity")).config["pooling"] == "mean"
 
@@ -637,9 +638,7 @@ def test_the_fine_tuning_length_defaults_to_the_pretraining_length_and_says_when
 
 def test_max_len_zero_on_the_command_line_means_the_pretraining_length(tmp_path, similarity_task,
                                                                        checkpoint):
-    r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
-                 "--epochs", "1", "--max-len", "0", "--no-progress",
-                 "--out", str(tmp_path / "run")])
+    r = quick_run(checkpoint, similarity_task, str(tmp_path / "run"), "--max-len", "0")
     assert r["settings"]["max_len"] == 64
 
 
@@ -913,9 +912,7 @@ def test_layer_decay_gives_each_layer_the_lr_of_the_one_above_times_the_decay(op
 
 def test_layer_decay_is_checked_and_recorded_in_the_protocol(tmp_path, similarity_task,
                                                              checkpoint):
-    r = eg.main(["--checkpoint", checkpoint, "--task-file", similarity_task, "--seeds", "1",
-                 "--epochs", "1", "--layer-decay", "0.8", "--no-progress",
-                 "--out", str(tmp_path / "run")])
+    r = quick_run(checkpoint, similarity_task, str(tmp_path / "run"), "--layer-decay", "0.8")
     assert r["settings"]["layer_decay"] == 0.8
     assert "times 0.8 per layer below the head" in (tmp_path / "run" / "results.md").read_text()
     for bad in ("0", "1.5"):

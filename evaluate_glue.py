@@ -170,39 +170,30 @@ def param_groups(net, lr, scaling):
     return groups
 
 
-def layer_depths(net):
-    """{parameter name: its depth}: 0 for the embedding (and what sits beside it), i + 1 for
+def layer_depth(name, n_layers):
+    """A parameter's depth by its name: 0 for the embedding (and what sits beside it), i + 1 for
     blocks.i, and n_layers + 1 for everything above the last block (final norm, pooler,
     classifier): the head counts as one more layer, as in ELECTRA's fine-tuning."""
-    n_layers = len(net.blocks)
-    depths = {}
-    for name, _ in net.named_parameters():
-        parts = name.split(".")
-        if parts[0] == "blocks":
-            depths[name] = int(parts[1]) + 1
-        elif parts[0] in ("tok_emb", "emb_norm", "pos_emb", "pos_scale"):
-            depths[name] = 0
-        else:
-            depths[name] = n_layers + 1
-    return depths
+    parts = name.split(".")
+    if parts[0] == "blocks":
+        return int(parts[1]) + 1
+    if parts[0] in ("tok_emb", "emb_norm", "pos_emb", "pos_scale"):
+        return 0
+    return n_layers + 1
 
 
 def layer_decayed(groups, net, decay):
-    """groups (one per parameter, as param_groups makes them) with each lr times
+    """groups (as param_groups makes them), one per parameter, each lr times
     decay ** (n_layers + 1 - depth): the head at lr, the last block at lr * decay, the embedding
     at lr * decay ** (n_layers + 1). Layer-wise lr decay (Howard & Ruder 2018, ULMFiT's
     discriminative fine-tuning; Clark et al. 2020, ELECTRA, Appendix A: 0.8 for Base): the lower
     layers hold the most general features, so they move least. decay 1: unchanged."""
     if decay == 1:
         return groups
-    top = len(net.blocks) + 1
-    depths = layer_depths(net)
-    depth_of = {id(p): depths[name] for name, p in net.named_parameters()}
-    out = []
-    for g in groups:
-        for p in g["params"]:
-            out.append({**g, "params": [p], "lr": g["lr"] * decay ** (top - depth_of[id(p)])})
-    return out
+    n_layers = len(net.blocks)
+    depth = {id(p): layer_depth(name, n_layers) for name, p in net.named_parameters()}
+    return [{**g, "params": [p], "lr": g["lr"] * decay ** (n_layers + 1 - depth[id(p)])}
+            for g in groups for p in g["params"]]
 
 
 def make_optimizer(net, settings, params=None):

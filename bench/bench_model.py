@@ -19,6 +19,8 @@ Baselines (--baseline): "modernbert" (default; hf_modernbert: pre-LN, GeGLU of o
 rotary, all layers global, sparse prediction) or "bert" (hf_bert: the post-LN BERT of 2018).
 --levers times our step alone under each speed lever (fused AdamW, bf16 autocast with and without
 matmul attention, torch.compile) against our fp32 eager step, all alternating.
+On a CPU malloc keeps the memory each step frees, as train.py has it (parallel.keep_freed_memory);
+--glibc-defaults leaves glibc's malloc as it is, for both models: compare two runs to see the gain.
 Needs `pip install transformers` (a benchmark-only dependency) unless --skip-hf or --levers.
 """
 import argparse
@@ -274,10 +276,16 @@ def main():
                    help="time only our model (no transformers needed), e.g. for MFU")
     p.add_argument("--levers", action="store_true",
                    help="time only our model, under each speed lever against fp32 eager")
+    p.add_argument("--glibc-defaults", action="store_true",
+                   help="on a CPU, leave malloc as glibc sets it, instead of keeping the memory "
+                   "steps free as train.py does (parallel.keep_freed_memory), for both models")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
     args = p.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # Process-wide, so both models get it. A lever that cannot alternate step by step: its gain is
+    # the reuse of the previous step's memory, so compare whole runs with and without the flag.
+    keeps = device.type == "cpu" and not args.glibc_defaults and parallel.keep_freed_memory()
     dtype = DTYPES.get(args.dtype) or parallel.autocast_dtype("auto", device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -293,11 +301,12 @@ def main():
         "config": parse_config(args.config), "batch_size": B,
         "seq_len": cfg["max_seq_len"], "threads": torch.get_num_threads(),
         "matmul_gflops": {k: round(v / 1e9, 1) for k, v in mm.items()},
-        "params_ours": model.count_params(cfg),
+        "params_ours": model.count_params(cfg), "keeps_freed_memory": keeps,
     }
     print(f"{result['device']}, preset {args.preset}, batch {B} x {cfg['max_seq_len']} tokens, "
           f"{result['threads']} threads; torch.mm: {mm['fp32'] / 1e9:.0f} GFLOP/s "
-          f"fp32, {mm['bf16'] / 1e9:.0f} bf16")
+          f"fp32, {mm['bf16'] / 1e9:.0f} bf16; malloc "
+          f"{'keeps freed memory' if keeps else 'as glibc sets it'}")
     if args.levers:
         return report_levers(cfg, device, batch, args, result, tokens * flops)
     steppers = {"ours": make_stepper(*ours(cfg, device, args.compile), device, dtype)}

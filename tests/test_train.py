@@ -304,6 +304,34 @@ def test_fast_bf16_is_read_from_the_cpu_flags():
     assert parallel.cpu_has_fast_bf16() == ("avx512_bf16" in flags or "amx_tile" in flags)
 
 
+WHERE_A_LARGE_BLOCK_LIVES = """
+import ctypes, sys, torch, parallel
+if sys.argv[1] == "keep":
+    assert parallel.keep_freed_memory()
+sbrk = ctypes.CDLL(None).sbrk
+sbrk.restype = ctypes.c_void_p
+block = torch.ones(16 * 2**20)       # 64 MB, as a step's logits are
+print("heap" if block.data_ptr() < sbrk(0) else "mapping")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's")
+def test_on_a_cpu_large_blocks_come_from_the_heap_that_keeps_freed_memory(monkeypatch):
+    """parallel.keep_freed_memory (setup_device calls it on a CPU): a 64 MB block comes from the
+    heap below the program break, which freeing does not hand back, where glibc's defaults give it
+    a mapping of its own that free unmaps (and the next step faults in again)."""
+    def where(mode):
+        done = subprocess.run([sys.executable, "-c", WHERE_A_LARGE_BLOCK_LIVES, mode], cwd=ROOT,
+                              capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+    assert where("keep") == "heap"
+    assert where("default") == "mapping"
+    calls = []                          # and train.py gets it through setup_device
+    monkeypatch.setattr(parallel, "keep_freed_memory", lambda: calls.append("kept"))
+    assert parallel.setup_device("cpu") == (torch.device("cpu"), 0, 1)
+    assert calls == ["kept"]
+
+
 def test_compile_compiles_each_block_in_place_and_growth_compiles_nothing_new():
     """--compile (parallel.compile_blocks): the state dict keeps the plain model's names, the loss
     and gradients are eager's, and the blocks of a model stacked from 2 to 4 layers reuse the

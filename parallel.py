@@ -59,15 +59,14 @@ def setup_device(choice, shard="ddp"):
     return device, rank, world
 
 
-# glibc's mallopt parameters (malloc.h), and its defaults, to put back (keep=False).
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
-GLIBC_DEFAULTS = {M_TRIM_THRESHOLD: 128 * 1024, M_MMAP_THRESHOLD: 128 * 1024, M_MMAP_MAX: 65536}
+# glibc's mallopt parameters (malloc.h).
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 
 
-def keep_freed_memory(keep=True):
+def keep_freed_memory():
     """Make glibc's malloc reuse the memory a training step frees instead of handing it back to the
-    operating system (keep=False: glibc's defaults again, and the kept memory handed back). True if
-    it took effect (Linux with glibc), False elsewhere, which changes nothing.
+    operating system. True if it took effect (Linux with glibc), False elsewhere, which changes
+    nothing.
 
     By default glibc serves every allocation over a threshold (128 KB to start, at most 32 MB) with
     a fresh mmap, and unmaps it on free. A CPU step at mini allocates and frees its (B*k, V) logits
@@ -76,19 +75,16 @@ def keep_freed_memory(keep=True):
     much as the softmax itself. With mmap off (M_MMAP_MAX 0) and the heap trimmed only past 2 GB of
     free top, a freed block stays in the process and later steps reuse it (not always the same
     block: PyTorch's 64-byte-aligned requests ask a little more than a block freed exactly; at mini
-    the minor faults per step fall from about 185,000 to about 40,000). The PyTorch CPU
-    tuning guide buys the same with jemalloc or TCMalloc through LD_PRELOAD; this needs no library.
+    the minor faults per step fall from about 185,000 to about 40,000). The PyTorch CPU tuning
+    guide buys the same with jemalloc or TCMalloc through LD_PRELOAD; this needs no library.
     The process keeps its peak memory until it ends, which a training run does anyway."""
     try:
         mallopt = ctypes.CDLL(None).mallopt  # glibc only: musl, macOS and Windows have none
     except (OSError, AttributeError):
         return False
-    settings = {M_MMAP_MAX: 0, M_TRIM_THRESHOLD: 2**31 - 1} if keep else GLIBC_DEFAULTS
-    took = all([mallopt(param, value) == 1 for param, value in settings.items()])
-    if not keep:  # hand back what the heap kept, so the next step faults its pages in again
-        ctypes.CDLL(None).malloc_trim(0)
-    return took
-
+    no_mmap = mallopt(M_MMAP_MAX, 0) == 1
+    no_trim = mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
+    return no_mmap and no_trim
 
 def autocast(device, dtype):
     """The context of every forward pass: torch.autocast to dtype, off in fp32. Call it: amp()."""

@@ -307,6 +307,25 @@ def write_text(path, text):
     files.atomic_write(path, lambda f: f.write(text.encode("utf-8")))  # tmp file, then os.replace
 
 
+def write_task_corpus(path, tasks, glue_dir, cap=None):
+    """Write the text of each task's training rows, without their labels, to `path` as a JSONL
+    corpus for train.py --data: one document per row, a pair's two sentences on two lines. cap:
+    the rows --max-train-examples fine-tunes on (the same seed-0 subset), else every training row.
+    Dev and test rows are left out, so no score is measured on text pretraining saw. Pretraining
+    on a task's own unlabelled text is task-adaptive pretraining (Gururangan et al. 2020, "Don't
+    Stop Pretraining", section 4). Returns {task: rows written}."""
+    lines, rows = [], {}
+    for name in check_tasks(tasks):
+        spec = TASKS[name]
+        train = training_rows(name, spec, load_task(name, glue_dir, spec)["train"], cap)
+        pairs = zip(train["a"], train["b"] or [None] * len(train["a"]))
+        for a, b in pairs:
+            lines.append(json.dumps({"text": a if b is None else f"{a}\n{b}"}) + "\n")
+        rows[name] = len(train["a"])
+    write_text(path, "".join(lines))
+    return rows
+
+
 def write_submission(path, index, preds, classes):
     """The leaderboard format: header `index<TAB>prediction`, labels as the task's strings, STS-B
     in [0, 5]."""
@@ -822,6 +841,9 @@ def make_parser():
     # Output
     p.add_argument("--out", default="runs/glue",
                    help="folder for results.json, results.md and submission/*.tsv")
+    p.add_argument("--write-corpus", default=None, metavar="FILE",
+                   help="write the --tasks' training text, without labels, to FILE (.jsonl) for "
+                        "train.py --data, and stop: task-adaptive pretraining")
     p.add_argument("--save-model", default=None, metavar="DIR",
                    help="also write each task's seed-0 fine-tuned model to DIR/TASK/ (model.py's "
                         "files, tokenizer.json, labels.json) for export.py")
@@ -843,9 +865,15 @@ def main(argv=None):
                                    args.mrpc_url, args.retries)
             if not args.checkpoint:
                 return None
+        if args.write_corpus:
+            cap = args.max_train_examples if args.max_train_examples > 0 else None
+            rows = write_task_corpus(args.write_corpus, tasks or TASKS, args.glue_dir, cap)
+            print(f"wrote {sum(rows.values()):,} training rows' text (no labels) to "
+                  f"{args.write_corpus}: " + ", ".join(f"{k} {v:,}" for k, v in rows.items()))
+            return rows
         if not args.checkpoint:
             raise ValueError("--checkpoint is required (a pretrained run folder), unless "
-                             "--download alone is used")
+                             "--download or --write-corpus is used alone")
         # the flags by DEFAULTS' names (-1, "all rows", becomes None)
         settings = {k: getattr(args, k) for k in DEFAULTS if hasattr(args, k)}
         settings.update(max_train_examples=args.max_train_examples

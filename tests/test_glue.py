@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+import data
 import download
 import evaluate_glue as eg
 import glue_tasks as gt
@@ -412,6 +413,28 @@ def test_a_task_file_after_glue_tasks_is_fine_tuned_on_its_own_rows(tmp_path, gl
 
 # -----------------------------------------------------------------------------
 # What pretraining bought: the random-init control, pooling and the fine-tuning length
+
+def test_the_task_corpus_holds_the_training_rows_text_and_no_labels_or_dev_text(tmp_path,
+                                                                               glue_dir):
+    path = str(tmp_path / "tasks.jsonl")
+    rows = eg.main(["--write-corpus", path, "--glue-dir", glue_dir, "--tasks", "sst2,mrpc"])
+    docs = list(data.iter_documents(path))
+    assert rows == {"SST-2": 8, "MRPC": 8} and len(docs) == 16
+    # SST-2's rows, then MRPC's: one document per row, a pair's sentences on two lines
+    assert docs[0] == sentence(0) + " " and docs[8] == f"{sentence(0)}\n{sentence(1)}"
+    dev_text = {sentence(i) for i in range(100, 106)}
+    assert not any(line in dev_text for d in docs for line in d.split("\n"))
+    assert all(set(json.loads(line)) == {"text"} for line in open(path))
+
+
+def test_the_task_corpus_with_a_row_cap_holds_the_rows_fine_tuning_picks(tmp_path, glue_dir):
+    path = str(tmp_path / "tasks.jsonl")
+    eg.main(["--write-corpus", path, "--glue-dir", glue_dir, "--tasks", "cola",
+             "--max-train-examples", "3"])
+    spec = gt.TASKS["CoLA"]
+    picked = eg.training_rows("CoLA", spec, gt.load_task("CoLA", glue_dir)["train"], 3)["a"]
+    assert list(data.iter_documents(path)) == picked and len(picked) == 3
+
 
 def test_the_control_is_the_same_network_freshly_initialized_without_touching_the_rng():
     import model

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import files  # noqa: E402
 import model  # noqa: E402
 import parallel  # noqa: E402
 from planning import gpu_peak_flops  # noqa: E402
@@ -370,9 +371,11 @@ def parse_config(text):
 
 
 def write(path, result):
+    """--out's JSON, written whole (a temporary file, then a rename), its folder made if missing:
+    a long benchmark never ends in a missing-folder error."""
     if path:
-        with open(path, "w") as f:
-            json.dump(result, f, indent=2)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        files.atomic_write(path, lambda f: f.write(json.dumps(result, indent=2).encode()))
 
 
 if __name__ == "__main__":

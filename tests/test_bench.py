@@ -35,8 +35,8 @@ def bench_model():
     return load_bench("bench_model")
 
 
-def run_bench(bench_model, monkeypatch, tmp_path, *flags):
-    out = tmp_path / "result.json"
+def run_bench(bench_model, monkeypatch, tmp_path, *flags, out=None):
+    out = out or tmp_path / "result.json"
     monkeypatch.setattr(sys, "argv", ["bench_model.py", "--preset", "tiny", "--batch-size", "2",
                                       "--steps", "2", "--out", str(out), *flags])
     bench_model.main()
@@ -63,6 +63,13 @@ def test_our_model_alone_reports_throughput_and_mfu_against_the_gpu_peak(bench_m
     assert "speedup" not in result
     mfu = result["tokens_per_s_ours"] * model.flops_per_token(cfg) / 1e12
     assert result["mfu_ours"] == pytest.approx(mfu, abs=1e-3)
+
+
+def test_the_result_goes_into_a_folder_made_for_it(bench_model, monkeypatch, tmp_path):
+    out = tmp_path / "new" / "folder" / "result.json"
+    result = run_bench(bench_model, monkeypatch, tmp_path, "--skip-hf", out=out)
+    assert result["tokens_per_s_ours"] > 0
+    assert [p.name for p in out.parent.iterdir()] == ["result.json"]  # no temporary file left
 
 
 def test_mfu_is_not_reported_without_a_known_gpu_peak(bench_model, monkeypatch, tmp_path):

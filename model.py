@@ -369,7 +369,10 @@ def fused_loss_pays(h):
     backward to follow. There it is 2x faster (1,024 rows, d 256, vocabulary 32,768, forward +
     backward: 151 against 302 ms), because the logits never travel through memory in float32. In
     fp32 on a CPU the two are equally fast (453 against 466 ms); on GPUs it is not measured."""
+    # Under torch.compile inductor fuses the plain projection and loss itself, and faster: at mini,
+    # bf16, 1.12-1.17x the step with this loss (docs/records.md, fourteenth session).
     return (h.device.type == "cpu" and torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
             and torch.is_autocast_enabled("cpu")
             and torch.get_autocast_dtype("cpu") == torch.bfloat16)
 
@@ -577,6 +580,12 @@ class Transformer(nn.Module):
             # gather picks along T, and needs the index repeated across the d features.
             index = label_positions[..., None].expand(-1, -1, h.shape[-1])  # (B, k, d)
             h = h.gather(1, index)                                          # (B, k, d): masked rows
+        return self.head_and_loss(h, labels)
+
+    def head_and_loss(self, h, labels=None):
+        """(B, k or T, d) final states of the predicted positions -> {"loss", "logits"}: the final
+        norm, the output projection and the loss. A method of its own so that torch.compile can
+        compile it as one region beside the blocks (parallel.compile_blocks)."""
         # The final norm is per position, so it commutes with the gather and runs on k rows only.
         h = self.finish(h)
         if labels is not None and fused_loss_pays(h):

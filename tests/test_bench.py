@@ -198,11 +198,12 @@ def test_compiled_model_runs(bench_model, monkeypatch, tmp_path):
 
 def test_our_compiled_step_compiles_each_block_as_train_py_does(bench_model):
     """--compile times the step train.py --compile runs: each block compiled in place
-    (parallel.compile_blocks), the embedding and head eager, the parameter names the plain
-    model's."""
+    (parallel.compile_blocks), the head and loss as a region of their own, the embedding eager,
+    the parameter names the plain model's."""
     cfg = model.make_config("tiny", vocab_size=512)
     net, _ = bench_model.ours(cfg, "cpu", compile=True)
     assert all(block._compiled_call_impl is not None for block in net.blocks)
+    assert hasattr(net.head_and_loss, "_torchdynamo_orig_callable")
     assert net._compiled_call_impl is None
     assert list(net.state_dict()) == list(model.build_model(cfg).state_dict())
     eager, _ = bench_model.ours(cfg, "cpu")

@@ -363,6 +363,41 @@ def test_compile_compiles_each_block_in_place_and_growth_compiles_nothing_new():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
+def test_compile_puts_the_head_and_loss_in_a_region_of_their_own_with_eager_losses_in_bf16():
+    """compile_blocks compiles the final norm, projection and loss too (model.head_and_loss), where
+    inductor fuses the plain loss; in bf16 on a CPU eager runs model.py's FusedCrossEntropy
+    instead, and the two agree on the loss and the gradients to bf16's rounding."""
+    torch._dynamo.reset()
+    cfg = model.make_config("tiny", n_layers=2, vocab_size=512)
+    net = model.build_model(cfg)
+    ids = torch.randint(5, 512, (4, 32), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(0, 32, 4).repeat(4, 1)                           # (4, 8)
+    fused = []
+    real_apply = model.FusedCrossEntropy.apply
+
+    def counted_apply(*tensors):
+        fused.append(1)
+        return real_apply(*tensors)
+
+    def loss_and_grads(m):
+        m.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(ids, labels=ids.gather(1, positions), label_positions=positions)["loss"]
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in m.parameters()]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(model.FusedCrossEntropy, "apply", counted_apply)
+        eager_loss, eager_grads = loss_and_grads(net)
+        assert fused == [1]                                  # eager bf16 on a CPU: the fused loss
+        parallel.compile_blocks(net)
+        compiled_loss, compiled_grads = loss_and_grads(net)
+        assert fused == [1]                                  # compiled: the plain loss, fused
+    assert compiled_loss == pytest.approx(eager_loss, abs=2e-2)
+    for a, b in zip(compiled_grads, eager_grads):
+        assert (a - b).norm() <= 0.05 * b.norm() + 1e-6
+
+
 def test_bf16_autocast_and_torch_compile_train_like_fp32(sample_cache, tmp_path):
     """The GPU recipe (bf16 autocast, torch.compile), run on the CPU with the same data and the
     same seed, reaches the same final loss."""

@@ -858,6 +858,7 @@ def main(argv=None):
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     clean = None if args.lowercase is None and args.strip_accents is None else \
         {"lowercase": bool(args.lowercase), "strip_accents": bool(args.strip_accents)}
+    cap = args.max_train_examples if args.max_train_examples > 0 else None  # -1: all rows
     try:
         if args.download:
             # download.py fetches: resumed, retried, each task folder renamed into place whole
@@ -866,7 +867,6 @@ def main(argv=None):
             if not args.checkpoint:
                 return None
         if args.write_corpus:
-            cap = args.max_train_examples if args.max_train_examples > 0 else None
             rows = write_task_corpus(args.write_corpus, tasks or TASKS, args.glue_dir, cap)
             print(f"wrote {sum(rows.values()):,} training rows' text (no labels) to "
                   f"{args.write_corpus}: " + ", ".join(f"{k} {v:,}" for k, v in rows.items()))
@@ -876,9 +876,7 @@ def main(argv=None):
                              "--download or --write-corpus is used alone")
         # the flags by DEFAULTS' names (-1, "all rows", becomes None)
         settings = {k: getattr(args, k) for k in DEFAULTS if hasattr(args, k)}
-        settings.update(max_train_examples=args.max_train_examples
-                        if args.max_train_examples > 0 else None,
-                        max_len=args.max_len or None,
+        settings.update(max_train_examples=cap, max_len=args.max_len or None,
                         clean=clean, progress=not args.no_progress)
         return evaluate(args.checkpoint, tasks, settings)
     except ValueError as e:

@@ -332,6 +332,18 @@ def test_on_a_cpu_large_blocks_come_from_the_heap_that_keeps_freed_memory(monkey
     assert calls == ["kept"]
 
 
+def masked_lm_loss_and_grads(net, dtype=None):
+    """The masked-LM loss of one fixed batch of 4 x 32 tokens, 8 masked per row (every 4th), and
+    every parameter's gradient; under CPU autocast to dtype when one is given."""
+    ids = torch.randint(5, 512, (4, 32), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(0, 32, 4).repeat(4, 1)                           # (4, 8)
+    net.zero_grad()
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        loss = net(ids, labels=ids.gather(1, positions), label_positions=positions)["loss"]
+    loss.backward()
+    return loss.item(), [p.grad.clone() for p in net.parameters()]
+
+
 def test_compile_compiles_each_block_in_place_and_growth_compiles_nothing_new():
     """--compile (parallel.compile_blocks): the state dict keeps the plain model's names, the loss
     and gradients are eager's, and the blocks of a model stacked from 2 to 4 layers reuse the
@@ -339,19 +351,10 @@ def test_compile_compiles_each_block_in_place_and_growth_compiles_nothing_new():
     torch._dynamo.reset()
     cfg = model.make_config("tiny", n_layers=2, vocab_size=512, value_residual=True)
     net = model.build_model(cfg)
-    ids = torch.randint(5, 512, (4, 32), generator=torch.Generator().manual_seed(0))
-    positions = torch.arange(0, 32, 4).repeat(4, 1)                           # (4, 8)
-
-    def loss_and_grads(m):
-        m.zero_grad()
-        loss = m(ids, labels=ids.gather(1, positions), label_positions=positions)["loss"]
-        loss.backward()
-        return loss.item(), [p.grad.clone() for p in m.parameters()]
-
-    eager_loss, eager_grads = loss_and_grads(net)
+    eager_loss, eager_grads = masked_lm_loss_and_grads(net)
     names = list(net.state_dict())
     parallel.compile_blocks(net)
-    compiled_loss, compiled_grads = loss_and_grads(net)
+    compiled_loss, compiled_grads = masked_lm_loss_and_grads(net)
     assert list(net.state_dict()) == names
     assert abs(compiled_loss - eager_loss) < 1e-5
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(compiled_grads, eager_grads))
@@ -359,7 +362,7 @@ def test_compile_compiles_each_block_in_place_and_growth_compiles_nothing_new():
     assert graphs >= 2                       # the first block (no value residual input), the rest
     grown, _ = grow.grow_model(net, {**cfg, "n_layers": 4})
     parallel.compile_blocks(grown)
-    loss_and_grads(grown)
+    masked_lm_loss_and_grads(grown)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
@@ -368,10 +371,7 @@ def test_compile_puts_the_head_and_loss_in_a_region_of_their_own_with_eager_loss
     inductor fuses the plain loss; in bf16 on a CPU eager runs model.py's FusedCrossEntropy
     instead, and the two agree on the loss and the gradients to bf16's rounding."""
     torch._dynamo.reset()
-    cfg = model.make_config("tiny", n_layers=2, vocab_size=512)
-    net = model.build_model(cfg)
-    ids = torch.randint(5, 512, (4, 32), generator=torch.Generator().manual_seed(0))
-    positions = torch.arange(0, 32, 4).repeat(4, 1)                           # (4, 8)
+    net = model.build_model(model.make_config("tiny", n_layers=2, vocab_size=512))
     fused = []
     real_apply = model.FusedCrossEntropy.apply
 
@@ -379,19 +379,12 @@ def test_compile_puts_the_head_and_loss_in_a_region_of_their_own_with_eager_loss
         fused.append(1)
         return real_apply(*tensors)
 
-    def loss_and_grads(m):
-        m.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = m(ids, labels=ids.gather(1, positions), label_positions=positions)["loss"]
-        loss.backward()
-        return loss.item(), [p.grad.clone() for p in m.parameters()]
-
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(model.FusedCrossEntropy, "apply", counted_apply)
-        eager_loss, eager_grads = loss_and_grads(net)
+        eager_loss, eager_grads = masked_lm_loss_and_grads(net, torch.bfloat16)
         assert fused == [1]                                  # eager bf16 on a CPU: the fused loss
         parallel.compile_blocks(net)
-        compiled_loss, compiled_grads = loss_and_grads(net)
+        compiled_loss, compiled_grads = masked_lm_loss_and_grads(net, torch.bfloat16)
         assert fused == [1]                                  # compiled: the plain loss, fused
     assert compiled_loss == pytest.approx(eager_loss, abs=2e-2)
     for a, b in zip(compiled_grads, eager_grads):

@@ -89,6 +89,8 @@ DEFAULTS = {
 PRESETS = {
     "tiny": {"vocab_size": 512, "n_layers": 2, "d_model": 64, "n_heads": 4, "ffn_dim": 128,
              "max_seq_len": 64},
+    # the speedrun's depth, width and vocabulary (docs/records.md): what 10 CPU minutes buy
+    "micro": {"vocab_size": 4096, "n_layers": 4, "d_model": 128, "n_heads": 4, "ffn_dim": 256},
     "mini": {"n_layers": 4, "d_model": 256, "n_heads": 4, "ffn_dim": 512},
     "small": {"n_layers": 8, "d_model": 512, "n_heads": 8, "ffn_dim": 1024},
     "base": {},

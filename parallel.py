@@ -218,6 +218,15 @@ def agree_on_clock(elapsed, signals, device, world):
     return elapsed, stop > 0
 
 
+def slowest_over_ranks(value, device, world):
+    """The smallest of a number over ranks (the number itself on one process)."""
+    if world > 1:
+        value = torch.tensor(value, dtype=torch.float64, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        value = value.item()
+    return value
+
+
 def sum_over_ranks(value, world):
     """The sum of a tensor over ranks, in place (nothing to do on one process)."""
     if world > 1:

@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import shutil
+import time
 
 import torch
 
@@ -24,11 +25,19 @@ import grow
 import model
 import scaling
 
-AUTO_PRESETS = ("tiny", "mini", "small", "base")  # "large" only when asked for: a GPU day buys base
+# "large" only when asked for: a GPU day buys base
+AUTO_PRESETS = ("tiny", "micro", "mini", "small", "base")
 # Vocabulary by preset: cramming's 32768 (2^15) for base; a small model spends too much of itself
-# on embeddings with a large vocabulary, and a CPU minute cannot learn 32768 rows anyway.
-PRESET_VOCAB = {"tiny": 512, "mini": 8192, "small": 16384, "base": 32768, "large": 32768}
-CPU_FLOPS_PER_THREAD = 1.5e10  # training FLOP/s of one core, fp32: 15-20 G measured on tiny models
+# on embeddings with a large vocabulary, and a CPU minute cannot learn 32768 rows anyway. micro's
+# 4096 is the speedrun's (docs/records.md).
+PRESET_VOCAB = {"tiny": 512, "micro": 4096, "mini": 8192, "small": 16384, "base": 32768,
+                "large": 32768}
+# A CPU's training FLOP/s as a share of its own square torch.mm in the run's dtype: a small model's
+# step spends most of its time outside the matmuls (docs/records.md, the step's share). Measured in
+# train.py's loop on 2 AVX512-BF16 cores (bf16 mm 0.9 TFLOP/s): tiny 0.16-0.18, 4 x 128 0.28;
+# on 2 AMX cores the step keeps 0.13-0.18 of a 2.8 TFLOP/s mm. The lower end: a plan that
+# overestimates the machine gets fewer, larger steps than the recipe wants.
+CPU_STEP_SHARE = 0.10
 # Optimizer steps a run aims for, measured (docs/train.md, the recipe): fewer, larger steps lose;
 # more, smaller ones too.
 STEPS_WANTED = 1000
@@ -78,16 +87,31 @@ def gpu_peak_flops(device):
         return None
 
 
-def sustained_flops(device):
-    """Training FLOP/s to plan with: scaling.PLANNING_MFU of a known GPU's peak, else a conservative
-    guess for the device."""
+def sustained_flops(device, dtype):
+    """Training FLOP/s to plan with: scaling.PLANNING_MFU of a known GPU's peak; on a CPU,
+    CPU_STEP_SHARE of its matmul speed in dtype (the run's autocast dtype), measured now; else a
+    conservative guess for the device."""
     peak = gpu_peak_flops(device)
     if peak:
         return scaling.PLANNING_MFU * peak
     if device.type == "cuda":
         return 50e12  # an unknown GPU: about 40% of an A100's bf16 peak (312 TFLOP/s dense)
-    # Apple's GPUs: a guess of a few TFLOP/s sustained; a CPU: per core, as measured here
-    return 5e12 if device.type == "mps" else CPU_FLOPS_PER_THREAD * torch.get_num_threads()
+    if device.type == "mps":
+        return 5e12  # Apple's GPUs: a guess of a few TFLOP/s sustained
+    # CPUs differ by 10x and more (cores, AVX512-BF16, AMX), so the plan measures this one
+    return CPU_STEP_SHARE * cpu_matmul_flops(dtype)
+
+
+def cpu_matmul_flops(dtype, n=512, seconds=0.1):
+    """FLOP/s of a square n x n torch.mm in dtype on this process's CPU threads, timed over about
+    `seconds` after one warm-up call. n = 512: the width of the matrices a CPU budget trains."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    calls, start = 0, time.perf_counter()
+    while calls == 0 or time.perf_counter() - start < seconds:
+        a @ b
+        calls += 1
+    return 2 * n ** 3 * calls / (time.perf_counter() - start)
 
 
 def budget_tokens(args, device):

@@ -462,8 +462,11 @@ def resolve_settings(args, *, device, rank, world):
         init = checkpoint.load_init(args.init_from)  # read once: build() loads its weights
         args = flags.settings_from_init(args, init)
     try:
-        chosen, why = planning.choose_defaults(args, planning.sustained_flops(device), world,
-                                               device.type)
+        # a CPU's speed is measured on each rank, and every rank must plan the same run
+        flops_per_s = parallel.slowest_over_ranks(
+            planning.sustained_flops(device, parallel.autocast_dtype(args.dtype, device)),
+            device, world)
+        chosen, why = planning.choose_defaults(args, flops_per_s, world, device.type)
     except ValueError as e:  # a shape that makes no valid model, e.g. an odd head size with rotary
         raise SystemExit(f"error: {flags.config_error_in_flags(e)}") from None
     if args.grow == "auto":  # shorthand: compound's stages, grown when the loss says so

@@ -136,9 +136,10 @@ def test_base_preset_is_the_crammed_bert_shape():
 
 
 def test_presets_grow_in_size():
-    presets = ["tiny", "mini", "small", "base", "large"]
+    presets = ["tiny", "micro", "mini", "small", "base", "large"]
+    assert list(model.PRESETS) == presets
     sizes = [model.count_params(model.make_config(p)) for p in presets]
-    assert sizes == sorted(sizes) and len(set(sizes)) == 5
+    assert sizes == sorted(sizes) and len(set(sizes)) == 6
 
 
 # --- attention masks ----------------------------------------------------------------
@@ -515,7 +516,7 @@ def test_bad_config_values_raise_a_clear_error(overrides, message):
 
 
 def test_unknown_preset_lists_the_choices():
-    with pytest.raises(ValueError, match="tiny, mini, small, base, large"):
+    with pytest.raises(ValueError, match="tiny, micro, mini, small, base, large"):
         model.make_config("huge")
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -96,6 +97,46 @@ def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
                      "micro_batch": 32, "grow": "depth", "value_residual": "on",
                      "lr": 0.048,  # Muon: 4 x AdamW's 0.012
                      "compile": False}  # a CPU runs eager unless asked
+
+
+def test_ten_minutes_of_a_cpu_with_bf16_matmuls_get_the_speedruns_shape():
+    # 90 GFLOP/s: 10% of 2 AVX512-BF16 cores' bf16 matmul (planning.CPU_STEP_SHARE)
+    picks = chosen(["--minutes", "10"], flops_per_s=9e10, on_gpu=False)
+    assert (picks["model"], picks["vocab_size"], picks["max_seq_len"]) == ("micro", 4096, 128)
+    micro = model.make_config("micro")
+    assert (micro["n_layers"], micro["d_model"]) == (4, 128)
+    assert chosen(["--minutes", "2"], flops_per_s=9e10, on_gpu=False)["model"] == "tiny"
+
+
+def test_a_cpu_plans_with_a_share_of_its_own_matmul_speed(monkeypatch):
+    measured = []
+    monkeypatch.setattr(planning, "cpu_matmul_flops", lambda dtype: measured.append(dtype) or 1e12)
+    assert planning.sustained_flops(torch.device("cpu"), torch.bfloat16) == pytest.approx(
+        planning.CPU_STEP_SHARE * 1e12)
+    assert measured == [torch.bfloat16]  # the run's autocast dtype, not fp32 always
+    monkeypatch.undo()
+    start = time.perf_counter()
+    flops = planning.cpu_matmul_flops(torch.float32)
+    assert 1e8 < flops < 1e15 and time.perf_counter() - start < 2  # FLOP/s, measured in ~0.1 s
+
+
+def test_every_rank_plans_with_the_slowest_ranks_speed():
+    """Each rank measures its own CPU; two ranks that measured 2 and 3 TFLOP/s both plan with 2,
+    or they would build different models."""
+    code = ("import torch, torch.distributed as dist, parallel\n"
+            "dist.init_process_group('gloo')\n"
+            "print(parallel.slowest_over_ranks(2e12 + 1e12 * dist.get_rank(), "
+            "torch.device('cpu'), 2))\n")
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                              env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE)
+             for rank in range(2)]
+    assert [float(p.communicate(timeout=120)[0]) for p in procs] == [2e12, 2e12]
+    assert parallel.slowest_over_ranks(3e12, torch.device("cpu"), 1) == 3e12
 
 
 def test_a_gpu_day_gets_crammings_base_model_and_batch():

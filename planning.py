@@ -34,9 +34,9 @@ PRESET_VOCAB = {"tiny": 512, "micro": 4096, "mini": 8192, "small": 16384, "base"
                 "large": 32768}
 # A CPU's training FLOP/s as a share of its own square torch.mm in the run's dtype: a small model's
 # step spends most of its time outside the matmuls (docs/records.md, the step's share). Measured in
-# train.py's loop on 2 AVX512-BF16 cores (bf16 mm 0.9 TFLOP/s): tiny 0.16-0.18, 4 x 128 0.28;
-# on 2 AMX cores the step keeps 0.13-0.18 of a 2.8 TFLOP/s mm. The lower end: a plan that
-# overestimates the machine gets fewer, larger steps than the recipe wants.
+# train.py's loop on 2 AVX512-BF16 cores (bf16 mm 0.9 TFLOP/s): the quick start (tiny, vocabulary
+# 512) 0.10-0.13, tiny at vocabulary 8192 0.17, 4 x 128 0.28 (docs/train.md). The quick start's
+# share: a plan that overestimates the machine gets fewer, larger steps than the recipe wants.
 CPU_STEP_SHARE = 0.10
 # Optimizer steps a run aims for, measured (docs/train.md, the recipe): fewer, larger steps lose;
 # more, smaller ones too.

@@ -147,7 +147,8 @@ def world_size():
 def choose_defaults(args, flops_per_s, world, device_type):
     """({flag: value} for --model, --vocab-size, --max-seq-len, --batch-tokens, --micro-batch,
     --grow, --value-residual, --lr and --compile left unset, the sentence saying why). args is not
-    changed. device_type: "cuda", "cpu" or "mps"."""
+    changed. flops_per_s: what the device sustains (read only for a wall-clock budget).
+    device_type: "cuda", "cpu" or "mps"."""
     on_gpu = device_type == "cuda"
     n_star, basis, compute = optimal_params(args, flops_per_s, world)
     chosen = {}

@@ -462,10 +462,13 @@ def resolve_settings(args, *, device, rank, world):
         init = checkpoint.load_init(args.init_from)  # read once: build() loads its weights
         args = flags.settings_from_init(args, init)
     try:
-        # a CPU's speed is measured on each rank, and every rank must plan the same run
-        flops_per_s = parallel.slowest_over_ranks(
-            planning.sustained_flops(device, parallel.autocast_dtype(args.dtype, device)),
-            device, world)
+        # Only a wall-clock budget is planned from the device's speed. A CPU's is measured (0.1 s)
+        # on each rank, and every rank must plan the same run.
+        flops_per_s = None
+        if budget.budget_seconds(args):
+            flops_per_s = parallel.slowest_over_ranks(
+                planning.sustained_flops(device, parallel.autocast_dtype(args.dtype, device)),
+                device, world)
         chosen, why = planning.choose_defaults(args, flops_per_s, world, device.type)
     except ValueError as e:  # a shape that makes no valid model, e.g. an odd head size with rotary
         raise SystemExit(f"error: {flags.config_error_in_flags(e)}") from None

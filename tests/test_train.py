@@ -120,6 +120,15 @@ def test_a_cpu_plans_with_a_share_of_its_own_matmul_speed(monkeypatch):
     assert 1e8 < flops < 1e15 and time.perf_counter() - start < 2  # FLOP/s, measured in ~0.1 s
 
 
+def test_only_a_wall_clock_budget_measures_the_cpu(sample_cache, tmp_path, monkeypatch):
+    measured = []
+    monkeypatch.setattr(planning, "cpu_matmul_flops", lambda dtype: measured.append(dtype) or 1e11)
+    run(sample_cache, tmp_path / "steps", "--max-steps", "1")
+    assert measured == []  # a step budget plans nothing from the machine's speed
+    run(sample_cache, tmp_path / "clock", "--minutes", "0.01")
+    assert measured == [torch.float32]  # TINY's --dtype fp32
+
+
 def test_every_rank_plans_with_the_slowest_ranks_speed():
     """Each rank measures its own CPU; two ranks that measured 2 and 3 TFLOP/s both plan with 2,
     or they would build different models."""

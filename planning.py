@@ -1,8 +1,8 @@
 """planning.py: what should this budget train, on this machine? (BigScience's question, asked per
 run.)
 
-    chosen, why = planning.choose_defaults(args, planning.sustained_flops(device), world,
-                                           device.type)
+    speed = lambda cfg: planning.sustained_flops(cfg, device, dtype)  # FLOP/s of a model here
+    chosen, why = planning.choose_defaults(args, speed, world, device.type)
     cfg = planning.model_config(args, vocab_size)        # the preset, with the flags' overrides
     tokens = planning.budget_tokens(args, device)        # how much FineWeb-Edu to download
 
@@ -32,12 +32,6 @@ AUTO_PRESETS = ("tiny", "micro", "mini", "small", "base")
 # 4096 is the speedrun's (docs/records.md).
 PRESET_VOCAB = {"tiny": 512, "micro": 4096, "mini": 8192, "small": 16384, "base": 32768,
                 "large": 32768}
-# A CPU's training FLOP/s as a share of its own square torch.mm in the run's dtype: a small model's
-# step spends most of its time outside the matmuls (docs/records.md, the step's share). Measured in
-# train.py's loop on 2 AVX512-BF16 cores (bf16 mm 0.9 TFLOP/s): the quick start (tiny, vocabulary
-# 512) 0.10-0.13, tiny at vocabulary 8192 0.17, 4 x 128 0.28 (docs/train.md). The quick start's
-# share: a plan that overestimates the machine gets fewer, larger steps than the recipe wants.
-CPU_STEP_SHARE = 0.10
 # Optimizer steps a run aims for, measured (docs/train.md, the recipe): fewer, larger steps lose;
 # more, smaller ones too.
 STEPS_WANTED = 1000
@@ -87,9 +81,9 @@ def gpu_peak_flops(device):
         return None
 
 
-def sustained_flops(device, dtype):
-    """Training FLOP/s to plan with: scaling.PLANNING_MFU of a known GPU's peak; on a CPU,
-    CPU_STEP_SHARE of its matmul speed in dtype (the run's autocast dtype), measured now; else a
+def sustained_flops(cfg, device, dtype):
+    """Training FLOP/s to plan the model cfg with: scaling.PLANNING_MFU of a known GPU's peak,
+    whatever the model; on a CPU, cfg's own step, measured now (cpu_step_flops); else a
     conservative guess for the device."""
     peak = gpu_peak_flops(device)
     if peak:
@@ -98,25 +92,39 @@ def sustained_flops(device, dtype):
         return 50e12  # an unknown GPU: about 40% of an A100's bf16 peak (312 TFLOP/s dense)
     if device.type == "mps":
         return 5e12  # Apple's GPUs: a guess of a few TFLOP/s sustained
-    # CPUs differ by 10x and more (cores, AVX512-BF16, AMX), so the plan measures this one
-    return CPU_STEP_SHARE * cpu_matmul_flops(dtype)
+    # CPUs differ by 10x and more (cores, AVX512-BF16, AMX), and on one CPU a small model's step
+    # keeps a far smaller share of the matmul speed than a large one's (2 AVX512-BF16 cores: tiny
+    # 14%, micro 37%, mini 56%, small 66%; docs/train.md), so the plan times the model itself
+    return cpu_step_flops(cfg, dtype)
 
 
-def cpu_matmul_flops(dtype, n=512, seconds=0.1, windows=5):
-    """FLOP/s of a square n x n torch.mm in dtype on this process's CPU threads: the fastest of
-    `windows` timings of about seconds / windows each, after one warm-up call, so that a moment
-    of other work on the machine does not shrink the plan. n = 512: the width of the matrices a
-    CPU budget trains."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    best = 0.0
-    for _ in range(windows):
-        calls, start = 0, time.perf_counter()
-        while calls == 0 or time.perf_counter() - start < seconds / windows:
-            a @ b
-            calls += 1
-        best = max(best, 2 * n ** 3 * calls / (time.perf_counter() - start))
-    return best
+def cpu_step_flops(cfg, dtype, rows=32, seconds=0.1):
+    """Training FLOP/s of the model cfg on this process's CPU threads: the forward and backward
+    pass of a micro-batch of `rows` random sequences (mask_rate of each masked), eager, under
+    autocast in dtype; the fastest of the passes timed in about `seconds` (at least one), after
+    a warm-up pass. Optimizer and loader are left out: the loop runs at 0.8-1.2x this."""
+    net = model.build_model(cfg).train()
+    T, V = cfg["max_seq_len"], cfg["vocab_size"]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(V, (rows, T), generator=g)                                   # (rows, T)
+    positions, labels = None, ids  # the causal decoder predicts every position
+    if cfg["objective"] == "mlm":  # sparse MLM predicts k positions per sequence, as data.py's
+        k = max(1, round(cfg["mask_rate"] * T))
+        positions = torch.rand(rows, T, generator=g).argsort(dim=1)[:, :k]          # (rows, k)
+        labels = ids.gather(1, positions)
+
+    def forward_backward():
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            loss = net(ids, labels=labels, label_positions=positions)["loss"]
+        loss.backward()
+        return time.perf_counter() - start
+
+    forward_backward()
+    timings = [forward_backward()]
+    while sum(timings) < seconds:
+        timings.append(forward_backward())
+    return rows * T * model.flops_per_token(cfg, T) / min(timings)
 
 
 def budget_tokens(args, device):
@@ -144,27 +152,23 @@ def world_size():
 # -----------------------------------------------------------------------------
 # The defaults: preset, vocabulary, sequence length, batch, micro-batch, learning rate
 
-def choose_defaults(args, flops_per_s, world, device_type):
+def choose_defaults(args, speed, world, device_type):
     """({flag: value} for --model, --vocab-size, --max-seq-len, --batch-tokens, --micro-batch,
     --grow, --value-residual, --lr and --compile left unset, the sentence saying why). args is not
-    changed. flops_per_s: what the device sustains (read only for a wall-clock budget).
-    device_type: "cuda", "cpu" or "mps"."""
+    changed. speed: a function from a model config to the training FLOP/s the device sustains on
+    it (sustained_flops; called only for a wall-clock budget). device_type: "cuda", "cpu" or
+    "mps"."""
     on_gpu = device_type == "cuda"
-    n_star, basis, compute = optimal_params(args, flops_per_s, world)
     chosen = {}
-    # no budget in seconds or tokens: base for a GPU, tiny for a CPU; --init-from has its shape
+    # --init-from has its shape
     if args.model == "auto" and not args.init_from:
-        chosen["model"] = nearest_preset(n_star) if n_star else "base" if on_gpu else "tiny"
-    name = chosen.get("model", args.model)
-    # the preset decides the vocabulary and the length unless a flag did: each preset is planned at
-    # its own vocabulary (PRESET_VOCAB) and its own sequence length
-    if args.vocab_size is None:
-        chosen["vocab_size"] = PRESET_VOCAB[name]
-    if args.max_seq_len is None:
-        chosen["max_seq_len"] = model.make_config(name)["max_seq_len"]
+        chosen["model"] = auto_preset(args, speed, world, on_gpu)
+    chosen.update(preset_shape(args, chosen.get("model", args.model)))
     resolved = {**vars(args), **chosen}
     seq = resolved["max_seq_len"]
     cfg = model_config(argparse.Namespace(**resolved), resolved["vocab_size"])
+    n_star, basis, compute = optimal_params(
+        args, speed(cfg) if budget.budget_seconds(args) else None, world)
     tokens = None
     if args.batch_tokens is None:
         # tokens the budget buys at the planned FLOP/s, or --max-tokens if smaller; the batch is the
@@ -245,15 +249,47 @@ def optimal_params(args, flops_per_s, world):
     return None, "a step budget", None
 
 
+def preset_shape(args, name):
+    """{"vocab_size", "max_seq_len"} of preset name for those flags left unset: each preset is
+    planned at its own vocabulary (PRESET_VOCAB) and its own sequence length."""
+    shape = {}
+    if args.vocab_size is None:
+        shape["vocab_size"] = PRESET_VOCAB[name]
+    if args.max_seq_len is None:
+        shape["max_seq_len"] = model.make_config(name)["max_seq_len"]
+    return shape
+
+
+def auto_preset(args, speed, world, on_gpu):
+    """The preset --model auto trains. A wall-clock budget: from the smallest up, the first whose
+    own compute-optimal size (N* at the FLOP/s the device trains it at, speed(cfg)) is not nearer a
+    larger preset; larger presets train faster per parameter on a CPU, so each is timed only if
+    the one below falls short. A token budget: the one nearest N*(tokens). Neither: base on a
+    GPU, tiny on a CPU."""
+    if not budget.budget_seconds(args):
+        n_star = optimal_params(args, None, world)[0]
+        return nearest_preset(n_star) if n_star else "base" if on_gpu else "tiny"
+    for name in AUTO_PRESETS:
+        resolved = {**vars(args), "model": name, **preset_shape(args, name)}
+        cfg = model_config(argparse.Namespace(**resolved), resolved["vocab_size"])
+        n_star = optimal_params(args, speed(cfg), world)[0]
+        if AUTO_PRESETS.index(nearest_preset(n_star)) <= AUTO_PRESETS.index(name):
+            return name
+    return AUTO_PRESETS[-1]
+
+
+def preset_params(name):
+    """Total parameters of a preset at its own vocabulary, embeddings included: at these sizes the
+    embedding is a large share of the model (tiny: most of it), and the fitted constants count all
+    parameters."""
+    return model.count_params(model.make_config(name, vocab_size=PRESET_VOCAB[name]))
+
+
 def nearest_preset(n_star):
-    """The auto preset whose total parameter count is nearest N* in log scale. Past base (120 M,
-    cramming's model for a GPU day) auto does not go: a larger model takes fewer steps in the same
-    hours."""
-    # total parameters, embeddings included: at these sizes the embedding is a large share of the
-    # model (tiny: most of it), and the fitted constants count all parameters
-    def total_params(name):
-        return model.count_params(model.make_config(name, vocab_size=PRESET_VOCAB[name]))
-    return min(AUTO_PRESETS, key=lambda n: abs(math.log(total_params(n) / n_star)))
+    """The auto preset whose total parameter count (preset_params) is nearest N* in log scale.
+    Past base (120 M, cramming's model for a GPU day) auto does not go: a larger model takes fewer
+    steps in the same hours."""
+    return min(AUTO_PRESETS, key=lambda n: abs(math.log(preset_params(n) / n_star)))
 
 
 def why_chosen(chosen, basis, n_star, tokens):

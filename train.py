@@ -453,6 +453,22 @@ class RunState:
         self.flops += tokens * flops_per_token
 
 
+def planning_speed(device, dtype, world):
+    """planning.sustained_flops as a function of the model config, for choose_defaults: each config
+    timed once (on a CPU: a forward and backward pass of it, 0.1-0.2 s for the presets a budget
+    of minutes tries), and every rank plans with the slowest rank's figure, or ranks would build
+    different models. Only a wall-clock budget asks."""
+    measured = {}
+
+    def speed(cfg):
+        key = json.dumps(cfg, sort_keys=True)
+        if key not in measured:
+            measured[key] = parallel.slowest_over_ranks(
+                planning.sustained_flops(cfg, device, dtype), device, world)
+        return measured[key]
+    return speed
+
+
 def resolve_settings(args, *, device, rank, world):
     """(the settings, the checkpoint to resume or None, --init-from's weights or None): the flags
     with the defaults chosen for this machine and budget, checked before any work (shape, growth
@@ -462,14 +478,8 @@ def resolve_settings(args, *, device, rank, world):
         init = checkpoint.load_init(args.init_from)  # read once: build() loads its weights
         args = flags.settings_from_init(args, init)
     try:
-        # Only a wall-clock budget is planned from the device's speed. A CPU's is measured (0.1 s)
-        # on each rank, and every rank must plan the same run.
-        flops_per_s = None
-        if budget.budget_seconds(args):
-            flops_per_s = parallel.slowest_over_ranks(
-                planning.sustained_flops(device, parallel.autocast_dtype(args.dtype, device)),
-                device, world)
-        chosen, why = planning.choose_defaults(args, flops_per_s, world, device.type)
+        speed = planning_speed(device, parallel.autocast_dtype(args.dtype, device), world)
+        chosen, why = planning.choose_defaults(args, speed, world, device.type)
     except ValueError as e:  # a shape that makes no valid model, e.g. an odd head size with rotary
         raise SystemExit(f"error: {flags.config_error_in_flags(e)}") from None
     if args.grow == "auto":  # shorthand: compound's stages, grown when the loss says so

@@ -144,7 +144,7 @@ def test_train_py_builds_the_optimizer_it_is_asked_for():
 
 def chosen(*argv):
     args = flags.parse_args(["--max-steps", "1", "--model", "mini", *argv])
-    return planning.choose_defaults(args, 1e10, 1, "cpu")[0]
+    return planning.choose_defaults(args, lambda cfg: 1e10, 1, "cpu")[0]
 
 
 def test_muon_gets_four_times_adamws_learning_rate_and_becomes_adamw_under_fsdp():

@@ -87,8 +87,17 @@ def test_batch_ramp_reaches_the_target_at_60_percent():
 # --- defaults chosen from the device and the budget ------------------------------------
 
 def chosen(argv, flops_per_s, on_gpu):
+    """The defaults chose_defaults picks when the device trains every model at flops_per_s (a
+    number), or at flops_per_s(cfg) (a function of the model config)."""
     args = flags.parse_args(["--data", "sample", *argv])
-    return planning.choose_defaults(args, flops_per_s, 1, "cuda" if on_gpu else "cpu")[0]
+    speed = flops_per_s if callable(flops_per_s) else lambda cfg: flops_per_s
+    return planning.choose_defaults(args, speed, 1, "cuda" if on_gpu else "cpu")[0]
+
+
+def cpu_speeds(cfg):
+    """FLOP/s by model width as planning.cpu_step_flops measured them on 2 AVX512-BF16 cores
+    (bf16, docs/train.md): a small model's step keeps a smaller share of the matmul speed."""
+    return {64: 1.5e11, 128: 3.3e11, 256: 5.0e11, 512: 6.0e11, 768: 6.4e11}[cfg["d_model"]]
 
 
 def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
@@ -100,33 +109,53 @@ def test_two_cpu_minutes_get_the_tiny_model_and_thousands_of_small_steps():
 
 
 def test_ten_minutes_of_a_cpu_with_bf16_matmuls_get_the_speedruns_shape():
-    # 90 GFLOP/s: 10% of 2 AVX512-BF16 cores' bf16 matmul (planning.CPU_STEP_SHARE)
-    picks = chosen(["--minutes", "10"], flops_per_s=9e10, on_gpu=False)
+    picks = chosen(["--minutes", "10"], flops_per_s=cpu_speeds, on_gpu=False)
     assert (picks["model"], picks["vocab_size"], picks["max_seq_len"]) == ("micro", 4096, 128)
     micro = model.make_config("micro")
     assert (micro["n_layers"], micro["d_model"]) == (4, 128)
-    assert chosen(["--minutes", "2"], flops_per_s=9e10, on_gpu=False)["model"] == "tiny"
+    assert chosen(["--minutes", "2"], flops_per_s=cpu_speeds, on_gpu=False)["model"] == "tiny"
 
 
-def test_a_cpu_plans_with_a_share_of_its_own_matmul_speed(monkeypatch):
-    measured = []
-    monkeypatch.setattr(planning, "cpu_matmul_flops", lambda dtype: measured.append(dtype) or 1e12)
-    assert planning.sustained_flops(torch.device("cpu"), torch.bfloat16) == pytest.approx(
-        planning.CPU_STEP_SHARE * 1e12)
-    assert measured == [torch.bfloat16]  # the run's autocast dtype, not fp32 always
+def test_a_cpu_budget_gets_larger_models_as_it_grows():
+    """Each preset is planned at its own measured speed: an hour buys mini and a day small, where
+    one speed for all (tiny's) would plan them a preset smaller."""
+    names = [chosen(["--minutes", str(m)], flops_per_s=cpu_speeds, on_gpu=False)["model"]
+             for m in (2, 10, 90, 240, 1440)]
+    assert names == ["tiny", "micro", "mini", "mini", "small"]
+    assert chosen(["--minutes", "90"], flops_per_s=1.5e11, on_gpu=False)["model"] == "micro"
+
+
+def test_the_batch_is_planned_at_the_chosen_models_own_speed():
+    # mini at 500 GFLOP/s for 90 minutes: ~1000 steps of what that speed buys
+    picks = chosen(["--minutes", "90"], flops_per_s=cpu_speeds, on_gpu=False)
+    cfg = model.make_config("mini", vocab_size=picks["vocab_size"], mask_rate=0.4)
+    tokens = 90 * 60 * 5.0e11 / model.flops_per_token(cfg)
+    assert 1000 <= tokens / picks["batch_tokens"] < 2000
+
+
+def test_a_cpu_plans_with_its_own_measured_step_of_the_model(monkeypatch):
+    timed = []
+    monkeypatch.setattr(planning, "cpu_step_flops",
+                        lambda cfg, dtype: timed.append((cfg["d_model"], dtype)) or 1e12)
+    cfg = model.make_config("micro")
+    assert planning.sustained_flops(cfg, torch.device("cpu"), torch.bfloat16) == 1e12
+    assert timed == [(128, torch.bfloat16)]  # the model itself, in the run's autocast dtype
     monkeypatch.undo()
     start = time.perf_counter()
-    flops = planning.cpu_matmul_flops(torch.float32)
-    assert 1e8 < flops < 1e15 and time.perf_counter() - start < 2  # FLOP/s, measured in ~0.1 s
+    tiny = planning.cpu_step_flops(model.make_config("tiny"), torch.float32)
+    micro = planning.cpu_step_flops(model.make_config("micro"), torch.float32)
+    assert time.perf_counter() - start < 5  # FLOP/s of a real forward and backward, in ~0.2 s
+    assert 1e8 < tiny < micro < 1e15  # the wider model keeps more of the machine busy
 
 
 def test_only_a_wall_clock_budget_measures_the_cpu(sample_cache, tmp_path, monkeypatch):
-    measured = []
-    monkeypatch.setattr(planning, "cpu_matmul_flops", lambda dtype: measured.append(dtype) or 1e11)
+    timed = []
+    monkeypatch.setattr(planning, "cpu_step_flops",
+                        lambda cfg, dtype: timed.append(dtype) or 1e11)
     run(sample_cache, tmp_path / "steps", "--max-steps", "1")
-    assert measured == []  # a step budget plans nothing from the machine's speed
+    assert timed == []  # a step budget plans nothing from the machine's speed
     run(sample_cache, tmp_path / "clock", "--minutes", "0.01")
-    assert measured == [torch.float32]  # TINY's --dtype fp32
+    assert timed == [torch.float32]  # TINY's --dtype fp32, and its one model timed once
 
 
 def test_every_rank_plans_with_the_slowest_ranks_speed():
@@ -178,7 +207,7 @@ def test_flags_given_always_win_over_the_chosen_defaults():
 def test_torch_compile_is_chosen_for_time_budgets_that_pay_for_it(monkeypatch):
     def compiles(device_type, *argv):
         args = flags.parse_args(["--data", "sample", *argv])
-        return planning.choose_defaults(args, 2e10, 1, device_type)[0].get("compile")
+        return planning.choose_defaults(args, lambda cfg: 2e10, 1, device_type)[0].get("compile")
     monkeypatch.setattr(planning, "cpp_compiler_found", lambda: True)
     assert compiles("cuda", "--minutes", "10") is True    # planning.COMPILE_FROM_SECONDS
     assert compiles("cpu", "--minutes", "10") is True

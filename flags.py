@@ -167,7 +167,7 @@ def add_model_flags(p):
 
 def add_optimization_flags(p):
     # Cramming ramps the batch to 8192 x 128 tokens over 60% of the budget; a CPU budget buys far
-    # fewer tokens, so planning.choose_defaults shrinks the target until the run gets ~1000 steps
+    # fewer tokens, so planning.choose_defaults shrinks the target until the run gets ~2000 steps
     g = p.add_argument_group("optimization (defaults: cramming's, with Muon and "
                              "a linear decay from the speedrun, docs/records.md)")
     g.add_argument("--batch-tokens", type=int, default=None, help="target global batch in tokens, "

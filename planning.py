@@ -95,7 +95,7 @@ def sustained_flops(cfg, device, dtype):
         return 5e12  # Apple's GPUs: a guess of a few TFLOP/s sustained
     # CPUs differ by 10x and more (cores, AVX512-BF16, AMX), and on one CPU a small model's step
     # keeps a far smaller share of the matmul speed than a large one's (2 AVX512-BF16 cores: tiny
-    # 14%, micro 37%, mini 56%, small 66%; docs/train.md), so the plan times the model itself
+    # 14-19%, micro 36-39%, mini 56-59%, small 66-71%; docs/train.md), so the plan times the model
     return cpu_step_flops(cfg, dtype)
 
 
@@ -103,7 +103,9 @@ def cpu_step_flops(cfg, dtype, rows=32, seconds=0.1):
     """Training FLOP/s of the model cfg on this process's CPU threads: the forward and backward
     pass of a micro-batch of `rows` random sequences (mask_rate of each masked), eager, under
     autocast in dtype; the fastest of the passes timed in about `seconds` (at least one), after
-    a warm-up pass. Optimizer and loader are left out: the loop runs at 0.8-1.2x this."""
+    a warm-up pass. Optimizer, loader and evaluations are left out, and nothing is compiled:
+    the quick start's loop ran at 0.7-0.85x this (tiny), the 10-minute micro run (compiled) at
+    1.07x."""
     net = model.build_model(cfg).train()
     T, V = cfg["max_seq_len"], cfg["vocab_size"]
     g = torch.Generator().manual_seed(0)

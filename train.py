@@ -455,7 +455,7 @@ class RunState:
 
 def planning_speed(device, dtype, world):
     """planning.sustained_flops as a function of the model config, for choose_defaults: each config
-    timed once (on a CPU: a forward and backward pass of it, 0.1-0.2 s for the presets a budget
+    timed once (on a CPU: forward and backward passes of it, 0.2-0.6 s for the presets a budget
     of minutes tries), and every rank plans with the slowest rank's figure, or ranks would build
     different models. Only a wall-clock budget asks."""
     measured = {}

@@ -167,10 +167,10 @@ def choose_defaults(args, speed, world, device_type):
     # --init-from has its shape
     if args.model == "auto" and not args.init_from:
         chosen["model"] = auto_preset(args, speed, world, on_gpu)
-    chosen.update(preset_shape(args, chosen.get("model", args.model)))
-    resolved = {**vars(args), **chosen}
-    seq = resolved["max_seq_len"]
-    cfg = model_config(argparse.Namespace(**resolved), resolved["vocab_size"])
+    name = chosen.get("model", args.model)
+    chosen.update(preset_shape(args, name))
+    seq = chosen.get("max_seq_len", args.max_seq_len)
+    cfg = planned_config(args, name)
     n_star, basis, compute = optimal_params(
         args, speed(cfg) if budget.budget_seconds(args) else None, world)
     tokens = None
@@ -264,6 +264,13 @@ def preset_shape(args, name):
     return shape
 
 
+def planned_config(args, name):
+    """The model config a run of preset name trains: the preset's vocabulary and length for the
+    flags left unset (preset_shape), with the flags' overrides."""
+    resolved = {**vars(args), "model": name, **preset_shape(args, name)}
+    return model_config(argparse.Namespace(**resolved), resolved["vocab_size"])
+
+
 def auto_preset(args, speed, world, on_gpu):
     """The preset --model auto trains. A wall-clock budget: from the smallest up, the first whose
     own compute-optimal size (N* at the FLOP/s the device trains it at, speed(cfg)) is not nearer a
@@ -274,9 +281,7 @@ def auto_preset(args, speed, world, on_gpu):
         n_star = optimal_params(args, None, world)[0]
         return nearest_preset(n_star) if n_star else "base" if on_gpu else "tiny"
     for name in AUTO_PRESETS:
-        resolved = {**vars(args), "model": name, **preset_shape(args, name)}
-        cfg = model_config(argparse.Namespace(**resolved), resolved["vocab_size"])
-        n_star = optimal_params(args, speed(cfg), world)[0]
+        n_star = optimal_params(args, speed(planned_config(args, name)), world)[0]
         if AUTO_PRESETS.index(nearest_preset(n_star)) <= AUTO_PRESETS.index(name):
             return name
     return AUTO_PRESETS[-1]

@@ -87,7 +87,7 @@ def test_batch_ramp_reaches_the_target_at_60_percent():
 # --- defaults chosen from the device and the budget ------------------------------------
 
 def chosen(argv, flops_per_s, on_gpu):
-    """The defaults chose_defaults picks when the device trains every model at flops_per_s (a
+    """The defaults choose_defaults picks when the device trains every model at flops_per_s (a
     number), or at flops_per_s(cfg) (a function of the model config)."""
     args = flags.parse_args(["--data", "sample", *argv])
     speed = flops_per_s if callable(flops_per_s) else lambda cfg: flops_per_s

@@ -152,16 +152,19 @@ SAMPLE_TEXT = {"mlm": "To be, or not to [MASK], that is the question. I [MASK] y
 
 
 def samples(net, enc, args, rank):
-    """model.sample_line for --sample-text on rank 0, '' on the others. Under FSDP every rank runs
-    the forward passes, with the root's tensors all-gathered for the whole call."""
+    """model.sample_line for --sample-text on rank 0, '' on the others, run eager. Under FSDP
+    every rank runs the forward passes, with the root's tensors all-gathered for the whole call."""
     plain = model.unwrap(net)
     text = args.sample_text or SAMPLE_TEXT[args.objective]
     text = text.lower() if args.lowercase else text  # as the corpus was cleaned
-    if args.shard != "fsdp":
-        return model.sample_line(plain, enc, text, args.objective) if rank == 0 else ""
-    plain.unshard()
-    try:
-        line = model.sample_line(plain, enc, text, args.objective)
-    finally:
-        plain.reshard()
+    # Eager even under --compile: one short sequence outside autocast would compile every block
+    # and the head again (3 graphs, ~6 s cold on 2 CPU cores, at the first evaluation on the clock)
+    with torch.compiler.set_stance("force_eager"):
+        if args.shard != "fsdp":
+            return model.sample_line(plain, enc, text, args.objective) if rank == 0 else ""
+        plain.unshard()
+        try:
+            line = model.sample_line(plain, enc, text, args.objective)
+        finally:
+            plain.reshard()
     return line if rank == 0 else ""

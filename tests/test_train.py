@@ -19,6 +19,7 @@ import torch
 import budget
 import flags
 import grow
+import held_out
 import model
 import parallel
 import planning
@@ -468,6 +469,23 @@ def test_compile_puts_the_head_and_loss_in_a_region_of_their_own_with_eager_loss
     assert compiled_loss == pytest.approx(eager_loss, abs=2e-2)
     for a, b in zip(compiled_grads, eager_grads):
         assert (a - b).norm() <= 0.05 * b.norm() + 1e-6
+
+
+def test_the_sample_line_runs_eager_under_compile_and_compiles_nothing(enc):
+    """The sample printed at every evaluation (held_out.samples) runs eager: under --compile its
+    one short sequence, outside autocast, would compile every block and the head once more, on the
+    clock of the run's first evaluation."""
+    torch._dynamo.reset()
+    net = model.build_model(model.make_config("tiny", n_layers=2, vocab_size=512,
+                                              value_residual=True))   # enc's ids lie below 512
+    args = flags.parse_args(["--max-steps", "1"])
+    eager_line = held_out.samples(net, enc, args, rank=0)
+    parallel.compile_blocks(net)
+    masked_lm_loss_and_grads(net, torch.bfloat16)              # the training graphs, as a step
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs >= 3                                         # two blocks' and the head's
+    assert held_out.samples(net, enc, args, rank=0) == eager_line
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
 def test_bf16_autocast_and_torch_compile_train_like_fp32(sample_cache, tmp_path):

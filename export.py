@@ -200,7 +200,7 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutput, MaskedLMOutput,
                                            SequenceClassifierOutput, TokenClassifierOutput)
 
-from .growcram_model import Transformer, alibi_slopes, sinusoid_table, validate_config
+from .growcram_model import Block, Transformer, validate_config
 
 
 class GrowcramConfig(PretrainedConfig):
@@ -230,15 +230,11 @@ class GrowcramPreTrainedModel(PreTrainedModel):
         self.growcram = Transformer(config.growcram)
 
     def _init_weights(self, module):
-        # The sinusoid table and ALiBi slopes are buffers left out of the state dict: rebuilt here,
-        # since from_pretrained may create the modules without data. Weights missing from the
-        # checkpoint (a fresh head) get growcram's own init.
-        if isinstance(module, Transformer):
-            cfg = module.config
-            if getattr(module, "sinusoids", None) is not None:
-                module.sinusoids.copy_(sinusoid_table(cfg["max_seq_len"], cfg["d_model"]))
-            if getattr(module, "slopes", None) is not None:
-                module.slopes.copy_(alibi_slopes(cfg["n_heads"]))
+        # The buffers left out of the state dict (the sinusoid table, ALiBi's slopes, the value
+        # residual's weights) are filled here, since from_pretrained may create the modules
+        # without data. Weights missing from the checkpoint (a fresh head) get growcram's own init.
+        if isinstance(module, (Transformer, Block)):
+            module.fill_buffers()
         elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             torch.nn.init.normal_(module.weight, std=self.config.growcram["init_std"])
             if getattr(module, "bias", None) is not None:

@@ -274,7 +274,7 @@ class Block(nn.Module):
     connection, normalized before (pre-LN, Xiong et al. 2020) or after (post-LN, the original BERT)
     the residual add."""
 
-    def __init__(self, cfg, attention_norm=True):
+    def __init__(self, cfg, first=False):
         super().__init__()
         d, f, bias = cfg["d_model"], cfg["ffn_dim"], cfg["bias"]
         self.n_heads, self.pre_norm = cfg["n_heads"], cfg["norm_position"] == "pre"
@@ -282,7 +282,7 @@ class Block(nn.Module):
         self.qk_norm, self.value_residual = cfg["qk_norm"], cfg["value_residual"]
         # ModernBERT's first block has no attention norm (an identity): its input is the embedding
         # norm's output, already normalized (config first_attention_norm=False).
-        self.norm1 = make_norm(cfg) if attention_norm else nn.Identity()
+        self.norm1 = make_norm(cfg) if cfg["first_attention_norm"] or not first else nn.Identity()
         self.norm2 = make_norm(cfg)
         self.qkv = nn.Linear(d, 3 * d, bias=bias)      # one matmul for queries, keys and values
         self.out = nn.Linear(d, d, bias=bias)
@@ -290,24 +290,39 @@ class Block(nn.Module):
         # down always reads f, the width after gating.
         self.up = nn.Linear(d, up_width(cfg), bias=bias)
         self.down = nn.Linear(f, d, bias=bias)
+        # The value residual's share of this block's own values in the ones it attends over (the
+        # rest are the first block's): all for the first block, which mixes in zeros, half for the
+        # others. A buffer rather than a branch on the block's index, so that every block runs the
+        # same code and torch.compile makes one graph for all of them (a second graph cost about
+        # 6 s of a cold compile on 2 CPU cores). Made from `first`, so not in the state dict.
+        self.first = first
+        self.register_buffer("own_values", torch.empty(()), persistent=False)
+        self.fill_buffers()
+
+    def fill_buffers(self):
+        """own_values, in place: again for a model made without data, as transformers'
+        from_pretrained makes one (export.py's modeling code)."""
+        self.own_values.fill_(1.0 if self.first else 0.5)
 
     def attend(self, x, mask, rope, is_causal, v_first=None):
-        """x (B, T, d) -> (B, T, d), and this block's own values (B, H, T, hd) if it is the first
-        block of a value_residual model (v_first None), else None. mask: None, or bool/float
-        (B|1, 1|H, T, T) added to the scores. v_first: the first block's values, to mix in."""
+        """x (B, T, d) -> (B, T, d), and this block's own values (B, H, T, hd) in a value_residual
+        model, else None. mask: None, or bool/float (B|1, 1|H, T, T) added to the scores.
+        v_first: a value_residual model's first block's values, to mix in (zeros for the first)."""
         B, T, d = x.shape
         # (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd): heads become a batch dimension (SDPA).
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         qk, v = qkv[:2], qkv[2]                                  # (2, B, H, T, hd), (B, H, T, hd)
-        # Only the first block's values are read (the trunk's value residual); a copy, not a view
-        # of qkv, so that FSDP's hooks on a block's outputs see a tensor of its own.
-        own_v = v.contiguous() if self.value_residual and v_first is None else None
+        # The trunk keeps only the first block's values; every block hands its own on, so that
+        # all run the same code. A copy, not a view of qkv, so that FSDP's hooks on a block's
+        # outputs see a tensor of its own.
+        own_v = v.contiguous() if self.value_residual else None
         # Value residual (Zhou et al. 2024, "Value Residual Learning", ResFormer; the
         # modded-nanogpt speedrun): attend over the mean of this block's values and the first
         # block's, so every layer can still reach the token-level values that deep layers'
-        # attention otherwise washes out. No parameters, so growth has nothing new to map.
-        if v_first is not None:
-            v = 0.5 * (v + v_first)
+        # attention otherwise washes out. The first block keeps its own: 1 v + 0 zeros is v exactly,
+        # as 0.5 v + 0.5 v_first is 0.5 (v + v_first). No parameters, so growth has nothing to map.
+        if self.value_residual:
+            v = self.own_values * v + (1.0 - self.own_values) * v_first
         # QK-norm (Dehghani et al. 2023, ViT-22B; the modded-nanogpt speedrun): each query and key
         # scaled to unit RMS, so no score can grow past sqrt(hd) however large the weights get.
         # No gain parameters, so growth (grow.py) has nothing new to map.
@@ -348,9 +363,9 @@ class Block(nn.Module):
         return self.down(h)
 
     def forward(self, x, mask, rope, is_causal, v_first=None):
-        """x (B, T, d) -> (B, T, d), and attend's values: the first block's (B, H, T, hd), which the
-        trunk hands the later blocks as v_first when the config's value_residual is on, else
-        None."""
+        """x (B, T, d) -> (B, T, d), and attend's values (B, H, T, hd) when the config's
+        value_residual is on (the trunk hands the first block's to the later ones as v_first),
+        else None."""
         # Residual dropout on each sublayer's output before the add; p = 0 while pretraining.
         drop = lambda y: F.dropout(y, self.dropout, self.training)  # noqa: E731
         # Pre-LN: x + f(norm(x)). The residual stream is a plain sum that no norm rescales, so
@@ -377,6 +392,12 @@ def fused_loss_pays(h):
             and not torch.compiler.is_compiling()
             and torch.is_autocast_enabled("cpu")
             and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+
+
+def compute_dtype(x):
+    """The dtype of what a matmul of x gives: autocast's where it is on for x's device, else x's."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
 class FusedCrossEntropy(torch.autograd.Function):
@@ -443,8 +464,7 @@ class Transformer(nn.Module):
         if cfg["positions"] == "alibi":
             self.register_buffer("slopes", alibi_slopes(cfg["n_heads"]), persistent=False)
         self.emb_norm = make_norm(cfg) if cfg["embedding_norm"] else None
-        self.blocks = nn.ModuleList(Block(cfg, attention_norm=i > 0 or cfg["first_attention_norm"])
-                                    for i in range(cfg["n_layers"]))
+        self.blocks = nn.ModuleList(Block(cfg, first=i == 0) for i in range(cfg["n_layers"]))
         # A final norm after pre-LN blocks only: post-LN blocks end normalized.
         self.final_norm = make_norm(cfg) if cfg["norm_position"] == "pre" else None
         # BERT's and ModernBERT's MLM head transform, dense -> GELU -> norm, before the decoder
@@ -459,6 +479,16 @@ class Transformer(nn.Module):
         if cfg["num_labels"]:
             self.pooler, self.classifier = nn.Linear(d, d), nn.Linear(d, cfg["num_labels"])
         self.apply(self._init_weights)
+
+    def fill_buffers(self):
+        """The sinusoid table and ALiBi's slopes, in place from the config: again for a model made
+        without data, as transformers' from_pretrained makes one (export.py's modeling code).
+        Each Block fills its own."""
+        cfg = self.config
+        if cfg["positions"] == "sinusoidal":
+            self.sinusoids.copy_(sinusoid_table(cfg["max_seq_len"], cfg["d_model"]))
+        if cfg["positions"] == "alibi":
+            self.slopes.copy_(alibi_slopes(cfg["n_heads"]))
 
     def _init_weights(self, module):
         # BERT-style init (cramming's too): every matrix ~ N(0, init_std), biases zero;
@@ -532,11 +562,19 @@ class Transformer(nn.Module):
             rope = (cos[:, None], sin[:, None])                              # (B|1, 1, T, hd/2)
         mask, is_causal = self.attention_mask(attention_mask, position_ids, T, input_ids.device)
         x = self.embed(input_ids, position_ids)
-        v_first = None  # (B, H, T, hd): the first block's values, once value_residual has them
-        for block in self.blocks:
-            # Only the first block of a value_residual model hands values on (the rest: None).
+        # (B, H, T, hd): the values the first block mixes in at weight 0 (Block.own_values), then
+        # the first block's own, for the others. Zeros as like those as a compiled block's guards
+        # look: in the values' dtype (autocast's), and requiring a gradient where they will, except
+        # inside a whole-model compile (one graph anyway), where dynamo cannot create such a leaf.
+        v_first = None
+        if self.config["value_residual"]:
+            H = self.config["n_heads"]
+            grad = torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            v_first = torch.zeros(B, H, T, self.config["d_model"] // H, device=x.device,
+                                  dtype=compute_dtype(x), requires_grad=grad)
+        for i, block in enumerate(self.blocks):
             x, v = block(x, mask, rope, is_causal, v_first)
-            v_first = v if v_first is None else v_first
+            v_first = v if i == 0 else v_first
         return x
 
     def finish(self, h):

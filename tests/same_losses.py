@@ -11,7 +11,11 @@ mixture. They keep cramming's AdamW, triangle schedule, no growth and no value r
 defaults when they were recorded, so their record still holds since the defaults changed; the
 fourth run pins today's defaults (recorded again when depth growth and the value residual joined,
 again when 40% masking did, again when growth at 20% and the linear decay did: record 6, and
-again when growth moved to 15%: record 7).
+again when growth moved to 15%: record 7, and again when every block began to run the value
+residual's code, the first mixing in zeros at weight 0: that run's losses moved in the last bits
+only, because the first block's values now reach attention as a contiguous tensor instead of a
+view of the qkv projection; the old code with that one `.contiguous()` added gives the new record
+bit for bit).
 Each is a fresh `python train.py` process on the bundled sample with a fixed seed and a step budget
 (a deterministic clock), on the CPU. Everything they log is compared: every step's loss and
 gradient norm, every held-out loss (per source for the mixture) and the losses around each growth

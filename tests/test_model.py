@@ -92,18 +92,23 @@ def test_zero_init_starts_every_block_as_the_identity():
 
 
 def test_value_residual_attends_over_the_mean_of_own_and_first_values():
-    block = seeded_model(tiny(positions="rotary", value_residual=True)).blocks[0]
+    first, second = seeded_model(tiny(n_layers=2, positions="rotary", value_residual=True)).blocks
     x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(0))
     rope = model.rotary_cos_sin(torch.arange(6), 8)
+    zeros = torch.zeros(2, 4, 6, 8)                                           # (B, H, T, hd)
     with torch.no_grad():
-        y, v = block.attend(x, None, rope, False)
-        assert v.shape == (2, 4, 6, 8)                                        # (B, H, T, hd)
-        # Mixing a block's values with themselves changes nothing; mixing them with zeros halves
-        # them, and so (no biases: attention is linear in the values) halves the output.
-        assert torch.allclose(block.attend(x, None, rope, False, v_first=v)[0], y, atol=1e-6)
-        half, own = block.attend(x, None, rope, False, v_first=torch.zeros_like(v))
-        assert torch.allclose(half, 0.5 * y, atol=1e-6)
-        assert own is None                      # only the first block (no v_first) hands its on
+        # The first block keeps its own values whole: the zeros it mixes in weigh nothing.
+        y, v = first.attend(x, None, rope, False, v_first=zeros)
+        noise = torch.randn(2, 4, 6, 8)
+        assert torch.equal(first.attend(x, None, rope, False, v_first=noise)[0], y)
+        # A later block attends over the mean: with itself, its own values; with zeros, half of
+        # them, and so (no biases: attention is linear in the values) half the output.
+        second.load_state_dict(first.state_dict())
+        y2, own = second.attend(x, None, rope, False, v_first=v)
+        assert torch.allclose(y2, y, atol=1e-6)
+        assert torch.allclose(second.attend(x, None, rope, False, v_first=zeros)[0], 0.5 * y,
+                              atol=1e-6)
+        assert torch.equal(own, v)               # every block hands its own values on, unmixed
 
 
 def test_value_residual_changes_only_the_blocks_after_the_first():

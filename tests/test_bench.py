@@ -462,6 +462,10 @@ def test_hf_learning_rate_sweep_reports_every_lr_and_picks_the_best(bench_cram, 
         assert r["status"] == "budget spent" and r["tokens"] > 0 and r["curve"]
         assert r["curve"][-1]["val_loss"] == pytest.approx(r["final_loss"])
         assert r["elapsed"] == pytest.approx(0.03 * 60, abs=1.5)  # the same budget for every run
+        # Both sides' curves start at a step-0 evaluation made before their clocks started.
+        start = r["curve"][0]
+        assert start["tokens"] == 0 and start["elapsed"] == 0
+        assert start["val_loss"] > r["final_loss"]
     hf = [r for r in runs if r["model"] == "hf"]
     assert results["analysis"]["best_lr"] == min(hf, key=lambda r: r["final_loss"])["lr"]
     assert runs[1]["params"] > runs[0]["params"] > 0.8 * runs[1]["params"]  # about the same size

@@ -55,17 +55,21 @@ def is_hidden_matrix(name, p):
 
 
 def orthogonalize(g, dtype=torch.float32, steps=NS_STEPS):
-    """About U V^T for g = U S V^T (g: rows x cols), by Newton-Schulz iteration in `dtype`."""
+    """About U V^T for g = U S V^T, by Newton-Schulz iteration in `dtype`. g: (rows, cols), or
+    (n, rows, cols): n matrices of one shape, each orthogonalized on its own, in batched matmuls."""
     a, b, c = NS_COEFFICIENTS
-    x = g.to(dtype)
-    tall = x.size(0) > x.size(1)
+    x = g.to(dtype).reshape(-1, *g.shape[-2:])                               # (n, rows, cols)
+    tall = x.size(-2) > x.size(-1)
     if tall:
-        x = x.T  # iterate on the short side: the Gram matrix x @ x.T is then the small one
-    x = x / x.norm().clamp(min=1e-7)  # the Frobenius norm bounds the spectral norm: all s <= 1
+        x = x.mT  # iterate on the short side: the Gram matrix x @ x.T is then the small one
+    # The Frobenius norm bounds the spectral norm: every singular value s <= 1.
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
     for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x  # s -> a s + b s^3 + c s^5 on each value
-    return (x.T if tall else x).to(g.dtype)
+        # x <- a x + (b gram + c gram @ gram) @ x, s -> a s + b s^3 + c s^5 on each singular
+        # value; baddbmm folds each sum into its matmul (1.5x faster at 4 x 128's shapes, bf16).
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return (x.mT if tall else x).reshape(g.shape).to(g.dtype)
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -85,27 +89,38 @@ class MuonAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    if group["use_muon"]:
-                        muon_update(p, p.grad, self.state[p], group, self.ns_dtype,
-                                    self.update_rms)
-                    else:
-                        adamw_update(p, p.grad, self.state[p], group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if group["use_muon"]:
+                # The matrices of one shape (one weight of every block) step together, in batched
+                # matmuls: at 4 x 128 a Newton-Schulz iteration per matrix is a few small matmuls
+                # whose calls cost more than their arithmetic (16 matrices in 4 shapes, bf16,
+                # 2 CPU cores: Muon's part of the step 10.4 ms one by one, see docs/records.md).
+                for shape in dict.fromkeys(p.shape for p in params):
+                    same = [p for p in params if p.shape == shape]
+                    muon_update(same, [self.state[p] for p in same], group, self.ns_dtype,
+                                self.update_rms)
+            else:
+                for p in params:
+                    adamw_update(p, p.grad, self.state[p], group)
 
 
-def muon_update(p, grad, state, group, ns_dtype, update_rms):
-    """One Muon step on the matrix p: Nesterov momentum, orthogonalized, decoupled weight decay."""
+def muon_update(params, states, group, ns_dtype, update_rms):
+    """One Muon step on matrices of one shape: Nesterov momentum, orthogonalized, decoupled weight
+    decay. states: each one's optimizer state."""
     lr, mu = group["lr"], group["momentum"]
-    if "momentum_buffer" not in state:
-        state["momentum_buffer"] = torch.zeros_like(p)
-    buf = state["momentum_buffer"]
-    buf.lerp_(grad, 1 - mu)  # buf = mu * buf + (1 - mu) * grad
-    direction = orthogonalize(grad.lerp(buf, mu), ns_dtype)  # Nesterov: look one step ahead
-    p.mul_(1 - lr * group["weight_decay"])
-    # An orthogonal (A, B) matrix has RMS 1/sqrt(max(A, B)): scaled, the update's RMS is
-    # update_rms * lr.
-    p.add_(direction, alpha=-lr * update_rms * max(p.shape) ** 0.5)
+    for p, state in zip(params, states):
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p)
+        state["momentum_buffer"].lerp_(p.grad, 1 - mu)  # buf = mu * buf + (1 - mu) * grad
+    # Nesterov, looking one step ahead: (n, rows, cols), every matrix's direction at once.
+    ahead = torch.stack([p.grad.lerp(state["momentum_buffer"], mu)
+                         for p, state in zip(params, states)])
+    directions = orthogonalize(ahead, ns_dtype)
+    for p, direction in zip(params, directions):
+        p.mul_(1 - lr * group["weight_decay"])
+        # An orthogonal (A, B) matrix has RMS 1/sqrt(max(A, B)): scaled, the update's RMS is
+        # update_rms * lr.
+        p.add_(direction, alpha=-lr * update_rms * max(p.shape) ** 0.5)
 
 
 def adamw_update(p, grad, state, group):

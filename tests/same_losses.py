@@ -15,7 +15,8 @@ again when growth moved to 15%: record 7, and again when every block began to ru
 residual's code, the first mixing in zeros at weight 0: that run's losses moved in the last bits
 only, because the first block's values now reach attention as a contiguous tensor instead of a
 view of the qkv projection; the old code with that one `.contiguous()` added gives the new record
-bit for bit).
+bit for bit; and again when Muon began to orthogonalize the matrices of one shape together, with
+baddbmm: every logged number within 5e-7 of the record before).
 Each is a fresh `python train.py` process on the bundled sample with a fixed seed and a step budget
 (a deterministic clock), on the CPU. Everything they log is compared: every step's loss and
 gradient norm, every held-out loss (per source for the mixture) and the losses around each growth

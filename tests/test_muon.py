@@ -39,6 +39,30 @@ def test_newton_schulz_brings_every_singular_value_near_one():
     assert cosine > 0.85  # and it points where U V^T does
 
 
+def test_matrices_of_one_shape_step_together_as_each_would_alone():
+    """MuonAdamW orthogonalizes the matrices of one shape in one batch: every matrix moves as it
+    would in an optimizer of its own, and matrices of other shapes step beside them."""
+    torch.manual_seed(0)
+    weights = [torch.randn(48, 32), torch.randn(48, 32), torch.randn(32, 16)]
+    alone = [w.clone() for w in weights]
+    together = muon.MuonAdamW([{"params": weights, "use_muon": True, "weight_decay": 0.1}],
+                              lr=0.02, momentum=0.7)
+    each = [muon.MuonAdamW([{"params": [w], "use_muon": True, "weight_decay": 0.1}], lr=0.02,
+                           momentum=0.7) for w in alone]
+    for _ in range(3):
+        for w, w_alone in zip(weights, alone):
+            w.grad = torch.randn_like(w)
+            w_alone.grad = w.grad.clone()
+        together.step()
+        for optimizer in each:
+            optimizer.step()
+    for w, w_alone in zip(weights, alone):
+        assert torch.allclose(w, w_alone, atol=1e-6)
+    g = torch.randn(3, 48, 32)
+    batched = muon.orthogonalize(g)                               # (3, 48, 32): each on its own
+    assert torch.allclose(batched, torch.stack([muon.orthogonalize(m) for m in g]), atol=1e-5)
+
+
 def test_muon_half_takes_torch_optim_muons_step_and_adamw_half_takes_adamws():
     torch.manual_seed(0)
     w, e = torch.randn(48, 32), torch.randn(10, 8)

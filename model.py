@@ -563,9 +563,10 @@ class Transformer(nn.Module):
         mask, is_causal = self.attention_mask(attention_mask, position_ids, T, input_ids.device)
         x = self.embed(input_ids, position_ids)
         # (B, H, T, hd): the values the first block mixes in at weight 0 (Block.own_values), then
-        # the first block's own, for the others. Zeros as like those as a compiled block's guards
-        # look: in the values' dtype (autocast's), and requiring a gradient where they will, except
-        # inside a whole-model compile (one graph anyway), where dynamo cannot create such a leaf.
+        # the first block's own, for the others. To a compiled block's guards the zeros must look
+        # like those values: in their dtype (autocast's), and requiring a gradient where they will,
+        # except inside a whole-model compile (one graph anyway), where dynamo cannot make such a
+        # leaf.
         v_first = None
         if self.config["value_residual"]:
             H = self.config["n_heads"]

@@ -456,13 +456,12 @@ class Transformer(nn.Module):
         if cfg["positions"] == "sinusoidal":
             # Scaled sinusoidal (cramming): fixed sinusoids times a learned scalar, from 1/sqrt(d).
             self.pos_scale = nn.Parameter(torch.tensor(1.0 / math.sqrt(d)))
-            # persistent=False: rebuilt from the config, so not in the state dict (nor in model.pt).
-            # ALiBi's slopes below are the same.
-            self.register_buffer("sinusoids", sinusoid_table(cfg["max_seq_len"], d),
-                                 persistent=False)
+            # persistent=False: rebuilt from the config (fill_buffers, below), so not in the state
+            # dict (nor in model.pt). ALiBi's slopes are the same.
+            self.register_buffer("sinusoids", torch.empty(cfg["max_seq_len"], d), persistent=False)
         # Rotary needs no parameters or buffers: trunk() computes its angles from position_ids.
         if cfg["positions"] == "alibi":
-            self.register_buffer("slopes", alibi_slopes(cfg["n_heads"]), persistent=False)
+            self.register_buffer("slopes", torch.empty(cfg["n_heads"]), persistent=False)
         self.emb_norm = make_norm(cfg) if cfg["embedding_norm"] else None
         self.blocks = nn.ModuleList(Block(cfg, first=i == 0) for i in range(cfg["n_layers"]))
         # A final norm after pre-LN blocks only: post-LN blocks end normalized.
@@ -479,11 +478,12 @@ class Transformer(nn.Module):
         if cfg["num_labels"]:
             self.pooler, self.classifier = nn.Linear(d, d), nn.Linear(d, cfg["num_labels"])
         self.apply(self._init_weights)
+        self.fill_buffers()
 
     def fill_buffers(self):
-        """The sinusoid table and ALiBi's slopes, in place from the config: again for a model made
-        without data, as transformers' from_pretrained makes one (export.py's modeling code).
-        Each Block fills its own."""
+        """The sinusoid table and ALiBi's slopes, in place from the config: at construction, and
+        again for a model made without data, as transformers' from_pretrained makes one (export.py's
+        modeling code). Each Block fills its own."""
         cfg = self.config
         if cfg["positions"] == "sinusoidal":
             self.sinusoids.copy_(sinusoid_table(cfg["max_seq_len"], cfg["d_model"]))

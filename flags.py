@@ -142,9 +142,10 @@ def add_model_flags(p):
     g = p.add_argument_group("growth (grow.py)")
     g.add_argument("--grow", default=None, help="growth schedule, e.g. "
                    "'0:n_layers=4,max_seq_len=64; 0.25:n_layers=8; 0.5:n_layers=16', a preset "
-                   "name (depth, compound, gstack; depth@0.3 stacks at 30%%), auto, or none "
-                   "(default: depth, half the layers stacked to full depth at 15%% of the "
-                   "budget; none with --init-from, --shard fsdp or one layer)")
+                   "name (depth, compound, gstack; depth@0.3 doubles the depth once, at 30%%), "
+                   "auto, or none (default: depth, a quarter of the layers, their depth doubled "
+                   "at 7%% and again at 15%% of the budget; none with --init-from, --shard fsdp "
+                   "or one layer)")
     g.add_argument("--grow-optimizer", choices=["carry", "fresh"], default="carry",
                    help="at growth, carry AdamW moments of old coordinates over, or start a fresh "
                    "optimizer")

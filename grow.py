@@ -96,20 +96,21 @@ stack). Keys left out keep the previous stage's value; in the first stage, the t
 n_heads follows d_model at a fixed head size unless given.
 Example: '0:n_layers=4,d_model=384,max_seq_len=64; 0.25:n_layers=8,max_seq_len=128;
 0.5:n_layers=16,d_model=768'.
-Presets: 'depth' (half the layers, stacked to full depth at 0.15, or at AT with 'depth@AT':
-train.py's default, records 3, 6 and 7 of docs/records.md), 'compound' (CompoundGrow-style: depth,
-FFN width and length at 1/4 then 1/2 of the target, full size at 0.4) and 'gstack' (G_stack-style:
-a quarter of the layers, stacked 4x at 0.25).
+Presets: 'depth' (a quarter of the layers, their depth doubled by stacking at 0.07 and again at
+0.15: train.py's default, records 3, 6, 7 and 8 of docs/records.md; 'depth@AT,AT,...' doubles once
+at each AT, the last reaching full depth, so 'depth@0.15' stacks half the layers at 0.15),
+'compound' (CompoundGrow-style: depth, FFN width and length at 1/4 then 1/2 of the target, full size
+at 0.4) and 'gstack' (G_stack-style: a quarter of the layers, stacked 4x at 0.25).
 'none' is no growth."""
 PRESETS = ("depth", "compound", "gstack")
-DEPTH_AT = 0.15  # where 'depth' stacks to full depth (record 7); 'depth@0.2' names another
+DEPTH_AT = "0.07,0.15"  # where 'depth' doubles the depth (record 8); 'depth@0.2' doubles once
 
 
 def preset_schedule(name, cfg):
     """Schedule text of a named preset, growing toward the target config cfg.
 
-    depth: the speedrun's records 3, 6 and 7, half the layers stacked to full depth at 15% of the
-      budget.
+    depth: the speedrun's records 3, 6, 7 and 8, the depth doubled by stacking at each fraction
+      of DEPTH_AT (a quarter of the layers, doubled at 7% and at 15% of the budget).
     compound: CompoundGrow's finding (Gu et al. 2021) is that shrinking several dimensions at once
       beats shrinking one; it grows depth by stacking, the FFN by parameter sharing and the input
       length. The paper's exact stage split for BERT-base is not reproduced here; this preset spends
@@ -128,10 +129,16 @@ def preset_schedule(name, cfg):
         # at twice the tokens per second, and stacking them (StackBERT) keeps that lead. Record 6:
         # at 20% rather than 30%, the full model reaches ModernBERT's loss on fewer tokens. Record
         # 7: at 15%, on fewer still and sooner (10% is too early: slower steps for longer).
+        # Record 8: a quarter of the layers doubled at 7% first, cheaper tokens still.
         if L < 2:
             raise ValueError("grow schedule: preset 'depth' needs a target of at least 2 layers")
-        # parse_schedule checks AT as it checks every stage's
-        return f"0:n_layers={L // 2}; {at_text or DEPTH_AT}:n_layers={L}"
+        ats = ["0", *(at_text or DEPTH_AT).split(",")]  # parse_schedule checks each as a stage's
+        depths = [L >> k for k in range(len(ats) - 1, -1, -1)]  # [L/4, L/2, L] for two doublings
+        # A doubling that would start below one layer is left out (2 layers: 1 -> 2 at the last
+        # fraction); the first stage kept is the starting model, at 0.
+        kept = [(at, n) for at, n in zip(ats, depths) if n >= 1]
+        kept[0] = ("0", kept[0][1])
+        return "; ".join(f"{at.strip()}:n_layers={n}" for at, n in kept)
     if name == "compound":
         return "; ".join(f"{at}:n_layers={q(L, k)},ffn_dim={q(f, k)},max_seq_len={q(T, k)}"
                          for at, k in ((0, 4), (0.2, 2), (0.4, 1)))

@@ -484,8 +484,8 @@ def resolve_settings(args, *, device, rank, world):
         raise SystemExit(f"error: {flags.config_error_in_flags(e)}") from None
     if args.grow == "auto":  # shorthand: compound's stages, grown when the loss says so
         chosen.update(grow="compound", grow_when="auto")
-    if chosen.get("grow", args.grow) == "depth":  # saved with its fraction: a resume keeps it
-        chosen["grow"] = f"depth@{grow.DEPTH_AT:g}"
+    if chosen.get("grow", args.grow) == "depth":  # saved with its fractions: a resume keeps them
+        chosen["grow"] = f"depth@{grow.DEPTH_AT}"
     # A new Namespace: the parsed flags stay as given. args.json saves these, so --resume reuses
     # them.
     args = argparse.Namespace(**{**vars(args), **chosen})

@@ -89,13 +89,24 @@ def test_presets_start_small_and_end_at_the_target(preset):
     assert stages[0]["config"]["n_layers"] == 4                   # L/4 in both presets
 
 
-def test_depth_stacks_half_the_layers_at_15_percent_or_where_at_says():
+def test_depth_doubles_a_quarter_of_the_layers_at_7_and_15_percent_or_where_at_says():
+    def depths(text, n_layers=16):
+        target = dict(model.make_config("base"), n_layers=n_layers)
+        return [(s["at"], s["config"]["n_layers"]) for s in grow.parse_schedule(text, target)]
+    assert depths("depth") == [(0.0, 4), (0.07, 8), (0.15, 16)]      # record 8
+    # One fraction doubles once: what record 7's runs saved (depth@0.15) keeps its meaning.
+    for text, at in (("depth@0.15", 0.15), ("depth@0.2", 0.2), ("depth@0.3", 0.3)):
+        assert depths(text) == [(0.0, 8), (at, 16)]
+    assert depths("depth@0.1,0.2,0.3") == [(0.0, 2), (0.1, 4), (0.2, 8), (0.3, 16)]
+    # A doubling that would start below one layer is left out; the full depth keeps its fraction.
+    assert depths("depth", 4) == [(0.0, 1), (0.07, 2), (0.15, 4)]
+    assert depths("depth", 3) == [(0.0, 1), (0.15, 3)]
+    assert depths("depth", 2) == [(0.0, 1), (0.15, 2)]
+    assert depths("depth", 6) == [(0.0, 1), (0.07, 3), (0.15, 6)]
     target = model.make_config("base")
-    for text, at in (("depth", 0.15), ("depth@0.2", 0.2), ("depth@0.3", 0.3)):
-        stages = grow.parse_schedule(text, target)
-        assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 8), (at, 16)]
     for bad, words in (("depth@1.5", "with 0 <= AT < 1"), ("depth@soon", "AT a fraction"),
                        ("depth@0", "increasing order of AT"),
+                       ("depth@0.15,0.07", "increasing order of AT"),
                        ("compound@0.3", "only the depth preset takes @AT")):
         with pytest.raises(ValueError, match=re.escape(words)):
             grow.parse_schedule(bad, target)

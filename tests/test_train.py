@@ -251,10 +251,11 @@ def test_depth_growth_is_chosen_unless_the_run_cannot_grow():
     assert picked("--arch", "modernbert") == "none"             # its first block has no growth rule
     assert "grow" not in chosen(["--minutes", "2", "--grow", "none"], 2e10, False)  # given: wins
     stages = grow.parse_schedule("depth", model.make_config("mini"))
-    assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 2), (0.15, 4)]
+    assert [(s["at"], s["config"]["n_layers"]) for s in stages] == [(0.0, 1), (0.07, 2),
+                                                                     (0.15, 4)]
 
 
-def test_a_default_run_grows_at_20_percent_and_older_runs_resume_as_they_grew(
+def test_a_default_run_grows_at_15_percent_and_older_runs_resume_as_they_grew(
         sample_cache, tmp_path):
     out = tmp_path / "grown"
     run(sample_cache, out, "--max-steps", "10", "--optimizer", "muon")
@@ -263,7 +264,7 @@ def test_a_default_run_grows_at_20_percent_and_older_runs_resume_as_they_grew(
         (2, "n_layers=1", "n_layers=2")]
     # args.json saves the fraction, so a later change of the preset cannot move a resumed run's
     # growth
-    assert json.loads((out / "args.json").read_text())["grow"] == "depth@0.15"
+    assert json.loads((out / "args.json").read_text())["grow"] == "depth@0.07,0.15"
     # An args.json written before depth growth became the default saved "grow": null, which
     # meant no growth; resuming it must not start growing.
     old = tmp_path / "old"

@@ -684,6 +684,32 @@ def test_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_pat
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_default_run_stopped_between_its_two_growths_resumes_to_the_same_weights(
+        sample_cache, tmp_path, monkeypatch):
+    # Record 8's default at four layers: 1 -> 2 at 7% and 2 -> 4 at 15% of 40 steps. The first
+    # checkpoint (step 4) falls between the two, so the resumed run makes the second growth.
+    flags = ["--n-layers", "4", "--max-steps", "40", "--checkpoint-steps", "4"]
+    run(sample_cache, tmp_path / "straight", *flags)
+    real = train.save_checkpoint
+
+    def crash_after_the_first_checkpoint(*args, **kwargs):
+        real(*args, **kwargs)
+        raise RuntimeError("killed")
+    monkeypatch.setattr(train, "save_checkpoint", crash_after_the_first_checkpoint)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(sample_cache, tmp_path / "killed", *flags)
+    monkeypatch.setattr(train, "save_checkpoint", real)
+    saved = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)["state"]
+    grown = lambda name: [(g["step"], g["to"].split()[0]) for g in read_log(tmp_path / name)  # noqa: E731
+                          if g["kind"] == "grow"]
+    assert grown("straight") == [(3, "n_layers=2"), (6, "n_layers=4")]
+    assert 3 <= saved["step"] < 6 and grown("killed") == [(3, "n_layers=2")]
+    summary = run(sample_cache, tmp_path / "killed", "--resume", *flags)
+    assert summary["steps"] == 40 and grown("killed") == grown("straight")
+    a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(sample_cache, tmp_path):
     proc = spawn(sample_cache, tmp_path, "--max-steps", "100000", "--eval-every", "1")
     # The log's first line is the untrained evaluation: wait for a training step.

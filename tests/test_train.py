@@ -646,19 +646,24 @@ def test_a_mixture_run_logs_each_sources_held_out_loss_and_how_often_it_read_eac
         assert re.search(pattern, out)
 
 
+def crash_after_the_first_checkpoint(monkeypatch):
+    """An in-process kill: train.save_checkpoint raises just after it writes, so the run dies at
+    its first checkpoint and nothing after it is saved (monkeypatch.undo() ends it)."""
+    real = train.save_checkpoint
+
+    def save_then_crash(*args, **kwargs):
+        real(*args, **kwargs)
+        raise RuntimeError("killed")
+    monkeypatch.setattr(train, "save_checkpoint", save_then_crash)
+
+
 def test_a_mixture_run_stopped_dead_and_resumed_ends_with_the_same_weights(tmp_path, monkeypatch):
     mixture, flags = two_source_mixture(tmp_path), ["--max-steps", "40", "--checkpoint-steps", "10"]
     run_mixture(mixture, tmp_path / "cache", tmp_path / "straight", *flags)
-    real = train.save_checkpoint
-
-    # an in-process kill: nothing after the checkpoint is saved
-    def crash_after_the_first_checkpoint(*args, **kwargs):
-        real(*args, **kwargs)
-        raise RuntimeError("killed")
-    monkeypatch.setattr(train, "save_checkpoint", crash_after_the_first_checkpoint)
+    crash_after_the_first_checkpoint(monkeypatch)
     with pytest.raises(RuntimeError, match="killed"):
         run_mixture(mixture, tmp_path / "cache", tmp_path / "killed", *flags)
-    monkeypatch.setattr(train, "save_checkpoint", real)
+    monkeypatch.undo()
     summary = run_mixture(mixture, tmp_path / "cache", tmp_path / "killed", "--resume", *flags)
     assert summary["steps"] == 40
     a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
@@ -690,15 +695,10 @@ def test_a_default_run_stopped_between_its_two_growths_resumes_to_the_same_weigh
     # checkpoint (step 4) falls between the two, so the resumed run makes the second growth.
     flags = ["--n-layers", "4", "--max-steps", "40", "--checkpoint-steps", "4"]
     run(sample_cache, tmp_path / "straight", *flags)
-    real = train.save_checkpoint
-
-    def crash_after_the_first_checkpoint(*args, **kwargs):
-        real(*args, **kwargs)
-        raise RuntimeError("killed")
-    monkeypatch.setattr(train, "save_checkpoint", crash_after_the_first_checkpoint)
+    crash_after_the_first_checkpoint(monkeypatch)
     with pytest.raises(RuntimeError, match="killed"):
         run(sample_cache, tmp_path / "killed", *flags)
-    monkeypatch.setattr(train, "save_checkpoint", real)
+    monkeypatch.undo()
     saved = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)["state"]
     grown = lambda name: [(g["step"], g["to"].split()[0]) for g in read_log(tmp_path / name)  # noqa: E731
                           if g["kind"] == "grow"]

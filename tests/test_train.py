@@ -262,7 +262,7 @@ def test_a_default_run_grows_at_15_percent_and_older_runs_resume_as_they_grew(
     grows = [r for r in read_log(out) if r["kind"] == "grow"]
     assert [(g["step"], g["from"].split()[0], g["to"].split()[0]) for g in grows] == [
         (2, "n_layers=1", "n_layers=2")]
-    # args.json saves the fraction, so a later change of the preset cannot move a resumed run's
+    # args.json saves the fractions, so a later change of the preset cannot move a resumed run's
     # growth
     assert json.loads((out / "args.json").read_text())["grow"] == "depth@0.07,0.15"
     # An args.json written before depth growth became the default saved "grow": null, which
@@ -700,8 +700,10 @@ def test_a_default_run_stopped_between_its_two_growths_resumes_to_the_same_weigh
         run(sample_cache, tmp_path / "killed", *flags)
     monkeypatch.undo()
     saved = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)["state"]
-    grown = lambda name: [(g["step"], g["to"].split()[0]) for g in read_log(tmp_path / name)  # noqa: E731
-                          if g["kind"] == "grow"]
+
+    def grown(name):  # (step, new depth) of each growth event in the run's log
+        return [(g["step"], g["to"].split()[0]) for g in read_log(tmp_path / name)
+                if g["kind"] == "grow"]
     assert grown("straight") == [(3, "n_layers=2"), (6, "n_layers=4")]
     assert 3 <= saved["step"] < 6 and grown("killed") == [(3, "n_layers=2")]
     summary = run(sample_cache, tmp_path / "killed", "--resume", *flags)

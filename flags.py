@@ -27,9 +27,10 @@ BUDGET_KEYS = ("hours", "minutes", "max_steps", "max_tokens")
 # Defaults that changed: a run whose args.json lacks the key (the flag is newer than the run) or
 # saved it as null (left unset when unset meant none of it) ran with this value, and resumes with
 # it. Muon became the default with the flag's second version; depth growth and the value residual
-# later.
+# later, NorMuon (record 9) with its flag's first.
 BEFORE_THE_FLAG = {"optimizer": "adamw", "value_residual": "off", "grow": "none",
-                   "eval_mask_rate": None}  # None: the held-out loss at the run's own rate
+                   "eval_mask_rate": None,  # None: the held-out loss at the run's own rate
+                   "neuron_beta2": 0.0}
 
 
 def parse_args(argv=None):
@@ -193,6 +194,10 @@ def add_optimization_flags(p):
                    help="the RMS of Muon's update per unit of lr (with --optimizer muon; 0.2 "
                    "matches AdamW's, Liu et al. 2025; larger moves the blocks' matrices faster "
                    "than the embedding)")
+    g.add_argument("--neuron-beta2", type=float, default=muon.RECIPE_NEURON_BETA2,
+                   help="with --optimizer muon: NorMuon (Li et al. 2025), each output neuron's "
+                   "step evened out by a running mean of its square, this its decay (default "
+                   "0.95, the speedrun's record 9); 0: plain Muon")
     g.add_argument("--lr", type=float, default=None, help="peak learning rate (default: cramming's "
                    "1e-3 at width 768, scaled as 1/d-model for narrower models; four times "
                    "that with Muon)")
@@ -304,6 +309,7 @@ def check_args(parser, args):
     need(all(0 <= b < 1 for b in args.betas), "--betas", "two numbers in [0, 1)")
     need(0 <= args.momentum < 1, "--momentum", "in [0, 1)")
     need(args.muon_rms > 0, "--muon-rms", "positive")
+    need(0 <= args.neuron_beta2 < 1, "--neuron-beta2", "in [0, 1) (0 = plain Muon)")
     need(args.grow_noise >= 0, "--grow-noise", ">= 0")
     need(0 <= args.grow_rewarm < 1, "--grow-rewarm", "in [0, 1)")
     need(args.grow is None or args.grow.strip(), "--grow",

@@ -556,6 +556,11 @@ def grow_optimizer(old_optimizer, old_model, new_model, mapping, make_optimizer,
                 if new_moments == "zero":
                     value = value.masked_fill(new_entries(value, entry["dims"]), 0.0)
                 state[key] = value.clone()
+            elif key == "neuron_second_moment":
+                # NorMuon's second moment per output row (muon.normalize_neurons): the rows grow
+                # as the weight's do, and a copied row keeps its source's, unscaled (it is the
+                # mean square of an orthogonalized update, which copying does not change)
+                state[key] = expand(value, [entry["dims"][0], None], None).clone()
             else:
                 state[key] = value.clone() if torch.is_tensor(value) else value
         if state:

@@ -12,6 +12,12 @@ training", Section 2.2) so that its update has AdamW's RMS, 0.2 lr, and both hal
 learning rate and one schedule. update_rms sets that 0.2: a larger one steps the matrices faster
 than the embedding at the same lr.
 
+neuron_beta2 > 0 adds NorMuon (Li et al. 2025, "NorMuon: Making Muon more efficient and scalable"):
+the orthogonalized update moves every direction of a matrix by about as much, but not every output
+neuron (row), so each row is divided by a running root-mean-square of its own, as Adam does per
+coordinate, and the update keeps its norm (normalize_neurons). train.py's default since the
+speedrun's record 9 (docs/records.md).
+
 Why our own ~60 lines when torch.optim.Muon exists (the tests check that both take the same
 step to within bf16 rounding): train.py, grow.py and checkpoint.py each need ONE optimizer object
 (its param_groups set by the schedule, its state mapped by growth, its state_dict saved and
@@ -34,6 +40,9 @@ NS_STEPS = 5
 # Muon (the speedrun's record 2, measured against 0.6-0.95 in docs/records.md; Jordan et al. 2024,
 # and MuonAdamW's own default, use 0.95).
 RECIPE_MOMENTUM = 0.7
+# The recipe's NorMuon decay (normalize_neurons): train.py's default since the speedrun's record 9,
+# NorMuon's own value (Li et al. 2025); MuonAdamW's default, 0, is plain Muon.
+RECIPE_NEURON_BETA2 = 0.95
 
 
 def param_groups(net, weight_decay):
@@ -80,9 +89,9 @@ class MuonAdamW(torch.optim.Optimizer):
     ns_dtype: the Newton-Schulz dtype."""
 
     def __init__(self, groups, lr, momentum=0.95, betas=(0.9, 0.98), eps=1e-12,
-                 weight_decay=0.0, ns_dtype=torch.float32, update_rms=0.2):
+                 weight_decay=0.0, ns_dtype=torch.float32, update_rms=0.2, neuron_beta2=0.0):
         defaults = {"lr": lr, "momentum": momentum, "betas": tuple(betas), "eps": eps,
-                    "weight_decay": weight_decay, "use_muon": False}
+                    "weight_decay": weight_decay, "use_muon": False, "neuron_beta2": neuron_beta2}
         super().__init__(groups, defaults)
         self.ns_dtype, self.update_rms = ns_dtype, update_rms
 
@@ -117,11 +126,31 @@ def muon_update(params, states, group, ns_dtype, update_rms):
     ahead = torch.stack([p.grad.lerp(state["momentum_buffer"], mu)
                          for p, state in zip(params, states)])
     directions = orthogonalize(ahead, ns_dtype)
+    if group.get("neuron_beta2", 0.0) > 0:  # a checkpoint from before NorMuon has no such key
+        directions = normalize_neurons(directions, states, group["neuron_beta2"])
     for p, direction in zip(params, directions):
         p.mul_(1 - lr * group["weight_decay"])
         # An orthogonal (A, B) matrix has RMS 1/sqrt(max(A, B)): scaled, the update's RMS is
         # update_rms * lr.
         p.add_(direction, alpha=-lr * update_rms * max(p.shape) ** 0.5)
+
+
+def normalize_neurons(directions, states, beta2):
+    """NorMuon (Li et al. 2025, "NorMuon: Making Muon more efficient and scalable", Algorithm 1):
+    an orthogonalized update still gives some output neurons (rows) larger steps than others; a
+    running mean of each row's mean square (beta2) evens them out, as Adam does per coordinate,
+    and the update keeps its Frobenius norm, so lr and update_rms mean what they meant.
+    directions: (n, rows, cols); each state keeps its rows' second moment, (rows, 1)."""
+    d = directions.float()
+    row_square = d.square().mean(dim=-1, keepdim=True)                           # (n, rows, 1)
+    for state, square in zip(states, row_square):
+        if "neuron_second_moment" not in state:
+            state["neuron_second_moment"] = torch.zeros_like(square)
+        state["neuron_second_moment"].lerp_(square, 1 - beta2)
+    moments = torch.stack([state["neuron_second_moment"] for state in states])   # (n, rows, 1)
+    evened = d / moments.sqrt().add_(1e-10)
+    scale = d.norm(dim=(-2, -1), keepdim=True) / evened.norm(dim=(-2, -1), keepdim=True).add_(1e-10)
+    return (evened * scale).to(directions.dtype)
 
 
 def adamw_update(p, grad, state, group):

@@ -16,7 +16,8 @@ residual's code, the first mixing in zeros at weight 0: that run's losses moved 
 only, because the first block's values now reach attention as a contiguous tensor instead of a
 view of the qkv projection; the old code with that one `.contiguous()` added gives the new record
 bit for bit; and again when Muon began to orthogonalize the matrices of one shape together, with
-baddbmm: every logged number within 5e-7 of the record before).
+baddbmm: every logged number within 5e-7 of the record before; and again when NorMuon's per-neuron
+normalization joined Muon: record 9, every logged number within 6e-4 of record 8's).
 Each is a fresh `python train.py` process on the bundled sample with a fixed seed and a step budget
 (a deterministic clock), on the CPU. Everything they log is compared: every step's loss and
 gradient norm, every held-out loss (per source for the mixture) and the losses around each growth

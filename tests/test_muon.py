@@ -6,8 +6,10 @@ the same weights under DDP on two ranks as in one process.
 """
 import argparse
 import copy
+import functools
 import json
 
+import pytest
 import torch
 
 import conftest
@@ -21,8 +23,8 @@ from test_grow import train_steps  # a few steps on one fixed batch; returns the
 from test_train import run, spawn, weights
 
 
-def tiny_muon(net, lr=1e-2, weight_decay=0.01):
-    return muon.MuonAdamW(muon.param_groups(net, weight_decay), lr=lr)
+def tiny_muon(net, lr=1e-2, weight_decay=0.01, neuron_beta2=0.0):
+    return muon.MuonAdamW(muon.param_groups(net, weight_decay), lr=lr, neuron_beta2=neuron_beta2)
 
 
 # --- the update -------------------------------------------------------------------------
@@ -107,6 +109,43 @@ def test_update_rms_scales_muons_step_and_leaves_adamws_alone():
     assert torch.allclose(w2, 2.5 * w1, rtol=1e-5) and torch.equal(b1, b2)
 
 
+# --- NorMuon: each output row's step evened out -----------------------------------------
+
+def test_normuon_gives_every_row_the_same_step_and_keeps_the_updates_norm():
+    rows = torch.linspace(0.2, 2.0, 48).view(48, 1)                  # rows ten times apart
+    g = torch.randn(1, 48, 32, generator=torch.Generator().manual_seed(0)) * rows
+    direction = muon.orthogonalize(g)                                 # (1, 48, 32)
+    row_rms = direction[0].square().mean(dim=-1).sqrt()
+    assert row_rms.max() > 3 * row_rms.min()  # orthogonalizing a tall matrix leaves rows unequal
+    state = {}
+    evened = muon.normalize_neurons(direction, [state], beta2=0.95)
+    row_rms = evened[0].square().mean(dim=-1).sqrt()
+    assert row_rms.max() < 1.001 * row_rms.min()  # the first step: one RMS for every row
+    assert torch.allclose(evened.norm(), direction.norm(), rtol=1e-5)  # lr means what it meant
+    first = direction[0].square().mean(dim=-1, keepdim=True)          # (48, 1)
+    assert torch.allclose(state["neuron_second_moment"], 0.05 * first)
+    second = muon.orthogonalize(torch.randn(1, 48, 32))
+    muon.normalize_neurons(second, [state], beta2=0.95)
+    expected = 0.95 * 0.05 * first + 0.05 * second[0].square().mean(dim=-1, keepdim=True)
+    assert torch.allclose(state["neuron_second_moment"], expected)    # a running mean, no reset
+
+
+def test_normuon_off_is_plain_muon_and_on_moves_the_weights_otherwise():
+    def step(neuron_beta2):
+        torch.manual_seed(0)
+        w = torch.randn(48, 32)
+        optimizer = muon.MuonAdamW([{"params": [w], "use_muon": True}], lr=1e-2,
+                                   neuron_beta2=neuron_beta2)
+        for _ in range(2):
+            w.grad = torch.randn(48, 32) * torch.linspace(0.2, 2.0, 48).view(48, 1)
+            optimizer.step()
+        return w, optimizer
+    (plain, plain_opt), (normuon, normuon_opt) = step(0.0), step(0.95)
+    assert "neuron_second_moment" not in plain_opt.state[plain]
+    assert normuon_opt.state[normuon]["neuron_second_moment"].shape == (48, 1)
+    assert not torch.allclose(plain, normuon, atol=1e-4)
+
+
 def test_the_blocks_matrices_go_to_muon_and_everything_else_to_adamw():
     net = seeded_model(conftest.tiny(positions="learned"))
     groups = muon.param_groups(net, weight_decay=0.01)
@@ -120,16 +159,30 @@ def test_the_blocks_matrices_go_to_muon_and_everything_else_to_adamw():
     assert sorted(owned) == sorted(names) and len(set(owned)) == len(owned)
 
 
-def test_a_tiny_model_learns_and_the_state_dict_round_trips():
+@pytest.mark.parametrize("neuron_beta2", [0.0, 0.95])
+def test_a_tiny_model_learns_and_the_state_dict_round_trips(neuron_beta2):
     net, twin = seeded_model(conftest.tiny()), seeded_model(conftest.tiny())
-    optimizer = tiny_muon(net)
+    optimizer = tiny_muon(net, neuron_beta2=neuron_beta2)
     losses = train_steps(net, optimizer, 20)
     assert losses[-1] < 0.5 * losses[0]
     twin.load_state_dict(net.state_dict())
-    restored = tiny_muon(twin)
+    restored = tiny_muon(twin, neuron_beta2=neuron_beta2)
     restored.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # as if read from disk
     assert train_steps(net, optimizer, 3, seed=2) == train_steps(twin, restored, 3, seed=2)
     assert torch.equal(net.blocks[0].qkv.weight, twin.blocks[0].qkv.weight)
+
+
+def test_an_optimizer_state_saved_before_normuon_loads_and_steps_as_plain_muon():
+    net, twin = seeded_model(conftest.tiny()), seeded_model(conftest.tiny())
+    optimizer = tiny_muon(net)
+    train_steps(net, optimizer, 2)
+    saved = copy.deepcopy(optimizer.state_dict())
+    for group in saved["param_groups"]:
+        del group["neuron_beta2"]  # as a checkpoint of the eighteenth session holds them
+    twin.load_state_dict(net.state_dict())
+    restored = tiny_muon(twin)
+    restored.load_state_dict(saved)
+    assert train_steps(net, optimizer, 2, seed=2) == train_steps(twin, restored, 2, seed=2)
 
 
 def test_growth_carries_muons_momentum_and_preserves_the_function():
@@ -142,6 +195,31 @@ def test_growth_carries_muons_momentum_and_preserves_the_function():
     old = optimizer.state[net.blocks[0].down.weight]["momentum_buffer"]  # (d, f) = (32, 48)
     new = new_opt.state[grown.blocks[0].down.weight]["momentum_buffer"]  # (32, 64)
     assert torch.equal(new[:, :48], old) and torch.count_nonzero(new[:, 48:]) == 0
+    assert_grown_model_computes_the_same_and_trains(net, grown, new_opt)
+
+
+def neuron_moment(optimizer, net, name):
+    """NorMuon's second moment of one parameter's rows, (rows, 1)."""
+    return optimizer.state[net.get_parameter(name)]["neuron_second_moment"]
+
+
+def test_growth_carries_normuons_row_moments_with_the_rows():
+    net = seeded_model(conftest.tiny(max_seq_len=16))
+    normuon = functools.partial(tiny_muon, neuron_beta2=0.95)
+    optimizer = normuon(net)
+    train_steps(net, optimizer, 2)
+    grown, mapping = grow.grow_model(net, {**net.config, "ffn_dim": 64})
+    new_opt = grow.grow_optimizer(optimizer, net, grown, mapping, normuon)
+    up = "blocks.0.up.weight"  # (2 f, d): the FFN's units are its rows, 2 x 48 -> 2 x 64
+    rows = mapping[up]["dims"][0]["index"]  # (128,) the old row each new row copies
+    assert torch.equal(neuron_moment(new_opt, grown, up), neuron_moment(optimizer, net, up)[rows])
+    assert rows.numel() == 128 and not torch.equal(rows, torch.arange(128))
+    down = "blocks.0.down.weight"  # (d, f): its rows, the residual stream's, did not grow
+    assert torch.equal(neuron_moment(new_opt, grown, down), neuron_moment(optimizer, net, down))
+    assert_grown_model_computes_the_same_and_trains(net, grown, new_opt)
+
+
+def assert_grown_model_computes_the_same_and_trains(net, grown, new_opt):
     ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
     net.eval(), grown.eval()
     with torch.no_grad():
@@ -154,8 +232,9 @@ def test_growth_carries_muons_momentum_and_preserves_the_function():
 
 def settings(**overrides):
     return argparse.Namespace(**{"optimizer": "muon", "shard": "none", "lr": 1e-3,
-                                 "momentum": 0.95, "muon_rms": 0.2, "betas": [0.9, 0.98],
-                                 "eps": 1e-12, "weight_decay": 0.01, **overrides})
+                                 "momentum": 0.95, "muon_rms": 0.2, "neuron_beta2": 0.0,
+                                 "betas": [0.9, 0.98], "eps": 1e-12, "weight_decay": 0.01,
+                                 **overrides})
 
 
 def test_train_py_builds_the_optimizer_it_is_asked_for():
@@ -181,9 +260,10 @@ def test_muon_gets_four_times_adamws_learning_rate_and_becomes_adamw_under_fsdp(
     assert "lr" not in chosen("--optimizer", "muon", "--lr", "3e-3")          # a given lr wins
 
 
-def test_a_muon_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_path):
+@pytest.mark.parametrize("normuon", [False, True], ids=["muon", "normuon"])
+def test_a_muon_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_path, normuon):
     flags = ["--optimizer", "muon", "--max-steps", "200", "--checkpoint-steps", "10",
-             "--log-every", "50"]
+             "--log-every", "50", "--neuron-beta2", "0.95" if normuon else "0"]
     straight = run(sample_cache, tmp_path / "straight", *flags)
     assert straight["final_val_loss"] < 5.9  # from ln 512 = 6.2
     proc = spawn(sample_cache, tmp_path / "killed", *flags)
@@ -198,20 +278,25 @@ def test_a_muon_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, 
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_muon_run_grows_and_keeps_muon(sample_cache, tmp_path):
+@pytest.mark.parametrize("normuon", [False, True], ids=["muon", "normuon"])
+def test_a_muon_run_grows_and_keeps_muon(sample_cache, tmp_path, normuon):
     run(sample_cache, tmp_path / "grown", "--optimizer", "muon", "--max-steps", "40",
-        "--grow", "0:layers=1; 0.5:layers=2")
+        "--grow", "0:layers=1; 0.5:layers=2", "--neuron-beta2", "0.95" if normuon else "0")
     events = [e for e in conftest.read_log(tmp_path / "grown") if e.get("kind") == "grow"]
     assert len(events) == 1 and events[0]["optimizer"] == "carry/zero"
     saved = torch.load(tmp_path / "grown" / "checkpoint.pt", weights_only=False)["optimizer"]
     hidden = saved["param_groups"][0]
     assert hidden["use_muon"] and len(hidden["params"]) == 2 * 4  # 2 layers x qkv, out, up, down
     assert all("momentum_buffer" in saved["state"][i] for i in hidden["params"])
+    rows = [saved["state"][i].get("neuron_second_moment") for i in hidden["params"]]
+    assert all(r is not None for r in rows) if normuon else all(r is None for r in rows)
 
 
-def test_muon_under_ddp_on_two_ranks_equals_one_process(sample_cache, tmp_path):
+@pytest.mark.parametrize("normuon", [False, True], ids=["muon", "normuon"])
+def test_muon_under_ddp_on_two_ranks_equals_one_process(sample_cache, tmp_path, normuon):
     flags = ["--optimizer", "muon", "--max-steps", "5", "--batch-ramp", "0",
-             "--batch-tokens", "256", "--eval-every", "1"]
+             "--batch-tokens", "256", "--eval-every", "1",
+             "--neuron-beta2", "0.95" if normuon else "0"]
     run(sample_cache, tmp_path / "single", *flags, "--micro-batch", "8")
     proc = spawn(sample_cache, tmp_path / "ddp", *flags, "--micro-batch", "4",
                  launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))

@@ -877,6 +877,18 @@ def test_a_run_saved_before_the_optimizer_flag_resumes_with_adamw_as_it_ran(samp
     assert json.loads((tmp_path / "args.json").read_text())["optimizer"] == "adamw"
 
 
+def test_a_muon_run_saved_before_normuon_resumes_as_plain_muon(sample_cache, tmp_path):
+    run(sample_cache, tmp_path, "--max-steps", "2", "--optimizer", "muon", "--neuron-beta2", "0")
+    saved = json.loads((tmp_path / "args.json").read_text())
+    del saved["neuron_beta2"]                              # as train.py wrote it before the flag
+    (tmp_path / "args.json").write_text(json.dumps(saved))
+    summary = run(sample_cache, tmp_path, "--resume", "--max-steps", "3")
+    assert summary["steps"] == 3
+    assert json.loads((tmp_path / "args.json").read_text())["neuron_beta2"] == 0.0
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["optimizer"]["state"]
+    assert not any("neuron_second_moment" in s for s in state.values())
+
+
 def test_resuming_a_finished_run_without_a_larger_budget_says_so(sample_cache, tmp_path):
     run(sample_cache, tmp_path, "--max-steps", "3")
     message = r"checkpoint.pt has spent its budget \(0 steps left\); give a larger one"

@@ -86,7 +86,8 @@ class MuonAdamW(torch.optim.Optimizer):
 
     lr: both halves' learning rate; update_rms: the RMS of Muon's update per unit of lr (0.2:
     AdamW's); momentum: Muon's (Nesterov); betas, eps: AdamW's; weight_decay: decoupled, per group;
-    ns_dtype: the Newton-Schulz dtype."""
+    ns_dtype: the Newton-Schulz dtype; neuron_beta2: NorMuon's decay of each row's second moment
+    (0: plain Muon)."""
 
     def __init__(self, groups, lr, momentum=0.95, betas=(0.9, 0.98), eps=1e-12,
                  weight_decay=0.0, ns_dtype=torch.float32, update_rms=0.2, neuron_beta2=0.0):
@@ -136,8 +137,8 @@ def muon_update(params, states, group, ns_dtype, update_rms):
 
 
 def normalize_neurons(directions, states, beta2):
-    """NorMuon (Li et al. 2025, "NorMuon: Making Muon more efficient and scalable", Algorithm 1):
-    an orthogonalized update still gives some output neurons (rows) larger steps than others; a
+    """NorMuon (Li et al. 2025, "NorMuon: Making Muon more efficient and scalable"): an
+    orthogonalized update still gives some output neurons (rows) larger steps than others; a
     running mean of each row's mean square (beta2) evens them out, as Adam does per coordinate,
     and the update keeps its Frobenius norm, so lr and update_rms mean what they meant.
     directions: (n, rows, cols); each state keeps its rows' second moment, (rows, 1)."""

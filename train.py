@@ -625,8 +625,8 @@ def build(args, hw, out, meta, stages, *, ckpt=None, init=None):
 def make_optimizer(net, args, hw):
     """AdamW (decoupled weight decay, Loshchilov & Hutter 2019) as cramming's bert-o4 sets it: lr
     1e-3 at width 768, betas (0.9, 0.98), eps 1e-12, weight decay 0.01. --optimizer muon: Muon on
-    the blocks' matrices and the same AdamW on the rest, at the same lr (muon.py; under --shard
-    fsdp planning.choose_defaults has made it adamw)."""
+    the blocks' matrices (with NorMuon's rows evened out: --neuron-beta2) and the same AdamW on the
+    rest, at the same lr (muon.py; under --shard fsdp planning.choose_defaults made it adamw)."""
     if args.optimizer == "muon":
         return muon.MuonAdamW(muon.param_groups(net, args.weight_decay), lr=args.lr,
                               momentum=args.momentum, betas=args.betas, eps=args.eps,

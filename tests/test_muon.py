@@ -260,10 +260,15 @@ def test_muon_gets_four_times_adamws_learning_rate_and_becomes_adamw_under_fsdp(
     assert "lr" not in chosen("--optimizer", "muon", "--lr", "3e-3")          # a given lr wins
 
 
+def neuron_flag(normuon):
+    """train.py's flag for NorMuon (its default) or plain Muon."""
+    return ["--neuron-beta2", "0.95" if normuon else "0"]
+
+
 @pytest.mark.parametrize("normuon", [False, True], ids=["muon", "normuon"])
 def test_a_muon_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_path, normuon):
     flags = ["--optimizer", "muon", "--max-steps", "200", "--checkpoint-steps", "10",
-             "--log-every", "50", "--neuron-beta2", "0.95" if normuon else "0"]
+             "--log-every", "50", *neuron_flag(normuon)]
     straight = run(sample_cache, tmp_path / "straight", *flags)
     assert straight["final_val_loss"] < 5.9  # from ln 512 = 6.2
     proc = spawn(sample_cache, tmp_path / "killed", *flags)
@@ -281,7 +286,7 @@ def test_a_muon_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, 
 @pytest.mark.parametrize("normuon", [False, True], ids=["muon", "normuon"])
 def test_a_muon_run_grows_and_keeps_muon(sample_cache, tmp_path, normuon):
     run(sample_cache, tmp_path / "grown", "--optimizer", "muon", "--max-steps", "40",
-        "--grow", "0:layers=1; 0.5:layers=2", "--neuron-beta2", "0.95" if normuon else "0")
+        "--grow", "0:layers=1; 0.5:layers=2", *neuron_flag(normuon))
     events = [e for e in conftest.read_log(tmp_path / "grown") if e.get("kind") == "grow"]
     assert len(events) == 1 and events[0]["optimizer"] == "carry/zero"
     saved = torch.load(tmp_path / "grown" / "checkpoint.pt", weights_only=False)["optimizer"]
@@ -296,7 +301,7 @@ def test_a_muon_run_grows_and_keeps_muon(sample_cache, tmp_path, normuon):
 def test_muon_under_ddp_on_two_ranks_equals_one_process(sample_cache, tmp_path, normuon):
     flags = ["--optimizer", "muon", "--max-steps", "5", "--batch-ramp", "0",
              "--batch-tokens", "256", "--eval-every", "1",
-             "--neuron-beta2", "0.95" if normuon else "0"]
+             *neuron_flag(normuon)]
     run(sample_cache, tmp_path / "single", *flags, "--micro-batch", "8")
     proc = spawn(sample_cache, tmp_path / "ddp", *flags, "--micro-batch", "4",
                  launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))

@@ -6,13 +6,13 @@
     state = checkpoint.restore(ckpt, net, optimizer, loader)    # moments, data position, RNG
     checkpoint.save_final(folder, net, rank, extra)             # model.py's folder, to share
 
-A checkpoint holds everything a bitwise-exact resume needs: weights, AdamW moments, the loop's
-state, the loader's position and the RNG (the masks and the batch order are functions of the seed
-and the position). Two formats, chosen by the path: OUT/checkpoint.pt, one file written by rank 0
-(one process and DDP, where every rank holds the same weights), and OUT/checkpoint.dcp/, a folder of
-shards that every rank writes with PyTorch's Distributed Checkpoint (FSDP, where each rank holds a
-slice), resumable on any number of ranks. Both are written beside the old one and renamed over it,
-so OUT always holds one whole checkpoint.
+A checkpoint holds everything a bitwise-exact resume needs: weights, AdamW moments, the weights'
+moving average (ema.py), the loop's state, the loader's position and the RNG (the masks and the
+batch order are functions of the seed and the position). Two formats, chosen by the path:
+OUT/checkpoint.pt, one file written by rank 0 (one process and DDP, where every rank holds the same
+weights), and OUT/checkpoint.dcp/, a folder of shards that every rank writes with PyTorch's
+Distributed Checkpoint (FSDP, where each rank holds a slice), resumable on any number of ranks.
+Both are written beside the old one and renamed over it, so OUT always holds one whole checkpoint.
 """
 import contextlib
 import errno
@@ -55,14 +55,15 @@ def exists(path):
     return os.path.isfile(path) or os.path.isdir(path) or os.path.isdir(path + ".old")
 
 
-def save(path, net, optimizer, loader, state, rank):
-    """Save weights, AdamW moments, the loader's position, state (a dict) and the RNG to path."""
+def save(path, net, optimizer, loader, state, rank, average=None):
+    """Save weights, AdamW moments, the loader's position, state (a dict), the RNG and the
+    weights' moving average (ema.state_dict; None: off, as under FSDP) to path."""
     if path.endswith(".dcp"):
         save_shards(path, net, optimizer, run_state(net, loader, state), rank)
     elif rank == 0:  # DDP: every rank holds the same weights, one file from rank 0 is all of them
         # the plain model's state dict: no "_orig_mod." (compile) or "module." (DDP) prefixes
         ckpt = {"model": model.unwrap(net).state_dict(), "optimizer": optimizer.state_dict(),
-                **run_state(net, loader, state)}
+                "average": average, **run_state(net, loader, state)}
         files.atomic_write(path, lambda f: torch.save(ckpt, f))
 
 
@@ -184,7 +185,18 @@ def restored_model(ckpt, net, optimizer):
     if "folder" in ckpt:
         load_shards(ckpt["folder"], net, optimizer)
         return net
-    return load_weights(model.build_model(ckpt["config"]), ckpt)
+    return scored_model(ckpt)
+
+
+def scored_model(ckpt):
+    """A .pt checkpoint's plain model as its run scored it and saves it in final/: the trained
+    weights, with the moving average (ema.py) copied over them where the run kept one."""
+    net = load_weights(model.build_model(ckpt["config"]), ckpt)
+    if ckpt.get("average"):  # one tensor per parameter, in net.parameters() order
+        with torch.no_grad():
+            torch._foreach_copy_([p.detach() for p in net.parameters()],
+                                 ckpt["average"]["weights"])
+    return net
 
 
 # -----------------------------------------------------------------------------
@@ -200,7 +212,7 @@ def load_init(path):
         ckpt = load_file(path)
         if "model" not in ckpt:
             raise SystemExit(f"error: --init-from {path}: not a checkpoint.pt with weights")
-        weights, config = ckpt["model"], ckpt["config"]
+        weights, config = scored_model(ckpt).state_dict(), ckpt["config"]
         folder = os.path.join(folder, "final")
     else:
         weight_files = ("model.pt", "model.safetensors")

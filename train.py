@@ -20,8 +20,8 @@ loading); from then on it counts everything: compilation, evaluations, growth an
 
 Other files do the rest: flags.py reads the command line, planning.py chooses the defaults, data.py
 prepares the corpus, loader.py serves batches, model.py is the network, parallel.py the ranks,
-budget.py the clock, held_out.py measures the held-out loss, and checkpoint.py saves and
-resumes.
+budget.py the clock, held_out.py measures the held-out loss, ema.py keeps the moving average of
+the weights that every evaluation scores and final/ holds, and checkpoint.py saves and resumes.
 
 Output in --out: log.jsonl (one line per logged step, evaluation and growth), checkpoint.pt (or the
 folder checkpoint.dcp/ under FSDP), final/ (model.py's folder with tokenizer.json and meta.json),
@@ -43,6 +43,7 @@ from tqdm import tqdm
 import budget
 import checkpoint
 import data
+import ema
 import files
 import flags
 import grow
@@ -69,7 +70,8 @@ def train(args, budget_was=None):
                   peak=planning.gpu_peak_flops(device))
     out, clock = Output(args.out, args.shard, rank), budget.Budget(args)
     meta, enc, stages = start_run(args, hw, out, ckpt=ckpt, budget_was=budget_was)
-    net, optimizer, loader, state = build(args, hw, out, meta, stages, ckpt=ckpt, init=init)
+    net, optimizer, loader, state, average = build(args, hw, out, meta, stages, ckpt=ckpt,
+                                                   init=init)
     held_out = HeldOut(args, hw, meta, clock, out)
     start_clock(clock, state, net, held_out, out, args, resumed=ckpt is not None,
                 budget_was=budget_was)
@@ -87,10 +89,11 @@ def train(args, budget_was=None):
             status = "budget spent" if p >= 1.0 else "preempted"
             break
         # ---- grow: the next stage starts at its budget fraction, or when the loss flattens
-        why = growth_due(net, p, state, stages, args, held_out, out)
+        why = growth_due(net, average, p, state, stages, args, held_out, out)
         if why:
-            net, optimizer = grow_now(net, optimizer, p, why, state=state, stages=stages,
-                                      args=args, hw=hw, held_out=held_out, out=out)
+            net, optimizer, average = grow_now(net, optimizer, average, p, why, state=state,
+                                               stages=stages, args=args, hw=hw,
+                                               held_out=held_out, out=out)
         # ---- one optimizer step: the learning rate at p, the micro-batches cut at the deadline
         T, B = model.unwrap(net).config["max_seq_len"], state.micro_batch  # the stage's length
         accum = accumulation_steps(p, target_accumulation(args.batch_tokens, B * T * hw.world),
@@ -119,6 +122,8 @@ def train(args, budget_was=None):
                 status = "diverged"
                 break
             continue  # the data position moved on: the next step sees other batches
+        # ---- the average of the weights (the model every evaluation scores) takes the step in
+        ema.update(average, model.unwrap(net), rate=lr / args.lr)
         # ---- count what the step consumed, and log
         batch_tokens = step["micro_batches"] * B * T * hw.world
         state.count_step(batch_tokens, model.flops_per_token(model.unwrap(net).config))
@@ -129,26 +134,28 @@ def train(args, budget_was=None):
         # evaluation that might die (nanochat's lesson)
         if checkpoint_due(args, state, last_ckpt):
             last_ckpt = state.elapsed
-            save_checkpoint(net, optimizer, loader, state, clock=clock, out=out)
+            save_checkpoint(net, optimizer, loader, state, average=average, clock=clock, out=out)
         # ---- evaluate on held-out data (the batches the budget has time for), and a sample
         if p >= state.next_eval:
             state.next_eval += args.eval_every
-            evaluate_and_show(net, p, state, held_out, enc, args, out)
+            with ema.swapped_in(model.unwrap(net), average):
+                evaluate_and_show(net, p, state, held_out, enc, args, out)
     progress.close()
     budget.restore_signal_handlers(handlers)
     # ---- the end: the checkpoint first (a later --resume with a larger budget extends the run,
     # and an evaluation that dies loses nothing), then the final evaluation, export and summary
     if status == "diverged":
         stop_diverged(net, optimizer, state, args, meta, out)  # exits with status 1
-    saved = save_checkpoint(net, optimizer, loader, state, clock=clock, out=out,
+    saved = save_checkpoint(net, optimizer, loader, state, average=average, clock=clock, out=out,
                             then=f"the run {'stops' if status == 'preempted' else 'finishes'}")
     if status == "preempted":
         if saved:
             out.say(f"stopped by signal at step {state.step}: checkpoint saved to "
                     f"{out.ckpt_path}; continue with --resume")
         return {"status": status, **asdict(state)}
-    return finish(net, loader, state, status, args=args, hw=hw, held_out=held_out, meta=meta,
-                  enc=enc, out=out)
+    with ema.swapped_in(model.unwrap(net), average):  # the final model is the average
+        return finish(net, loader, state, status, args=args, hw=hw, held_out=held_out, meta=meta,
+                      enc=enc, out=out)
 
 
 # -----------------------------------------------------------------------------
@@ -285,7 +292,7 @@ def target_accumulation(batch_tokens, micro_tokens):
 # -----------------------------------------------------------------------------
 # The loop's decisions: growth, running out of memory, checkpoints, evaluations
 
-def growth_due(net, p, state, stages, args, held_out, out):
+def growth_due(net, average, p, state, stages, args, held_out, out):
     """Why the next growth stage starts now: "fraction" (its budget fraction is reached), the
     reason grow.auto_should_grow gives (--grow-when auto: this stage's held-out loss flattened),
     or None: not now, or no stage is left."""
@@ -296,7 +303,8 @@ def growth_due(net, p, state, stages, args, held_out, out):
     if p >= state.next_check:  # one held-out point on this stage's curve, every --grow-check-every
         every = args.grow_check_every
         state.next_check = (math.floor(p / every) + 1) * every
-        losses = held_out.evaluate(net)
+        with ema.swapped_in(model.unwrap(net), average):
+            losses = held_out.evaluate(net)
         state.auto_points.append([state.flops, losses["val_loss"]])
         log_eval(out, state, p, losses, elapsed=held_out.clock.elapsed(), growth_check=True)
     due, why = grow.auto_should_grow(state.auto_points, p, state.stage + 1, len(stages),
@@ -304,14 +312,16 @@ def growth_due(net, p, state, stages, args, held_out, out):
     return why if due else None
 
 
-def grow_now(net, optimizer, p, why, *, state, stages, args, hw, held_out, out):
+def grow_now(net, optimizer, average, p, why, *, state, stages, args, hw, held_out, out):
     """Grow the model and optimizer to the next stage (grow.apply_stage), and log the event with
-    the held-out loss just before and just after. Returns (net, optimizer)."""
+    the held-out loss just before (the average's) and just after. The grown model starts a new
+    average (the old one has the old shapes). Returns (net, optimizer, average)."""
     state.stage += 1
     # The loss just before and after shows what the operator cost: a function-preserving one
     # (Net2Net, bert2BERT) changes it by float noise only, while a sequence-length step also
     # changes the task.
-    loss_before = held_out.evaluate(net)["val_loss"]
+    with ema.swapped_in(model.unwrap(net), average):
+        loss_before = held_out.evaluate(net)["val_loss"]
     try:  # while it grows, both models and both optimizers are in memory
         plain, optimizer, event = grow.apply_stage(
             model.unwrap(net), optimizer, stages[state.stage],
@@ -330,6 +340,7 @@ def grow_now(net, optimizer, p, why, *, state, stages, args, hw, held_out, out):
             shard=args.shard) from None
     # compile and DDP must see the new shapes: wrap the grown model again
     net = parallel.wrap(plain.to(hw.device).train(), args, hw.device, hw.world)
+    average = ema.start(model.unwrap(net), args.ema)
     loss_after = held_out.evaluate(net)["val_loss"]
     state.stage_at, state.auto_points = p, [[state.flops, loss_after]]  # the new stage's curve
     event = {"kind": "grow", "step": state.step, "tokens": state.tokens, "elapsed": state.elapsed,
@@ -337,7 +348,7 @@ def grow_now(net, optimizer, p, why, *, state, stages, args, hw, held_out, out):
              "reason": why}
     out.log(event)
     out.say(f"grow at {p:.1%}: {event}")
-    return net, optimizer
+    return net, optimizer, average
 
 
 def back_off(error, net, optimizer, loader, position, had_state, *, state, args, hw, out):
@@ -592,8 +603,9 @@ def prepare(args, device, rank, world):
 
 
 def build(args, hw, out, meta, stages, *, ckpt=None, init=None):
-    """(net, optimizer, loader, state): fresh from the seed (at the first growth stage), as saved
-    (ckpt), or from --init-from's weights (init) with a fresh optimizer."""
+    """(net, optimizer, loader, state, average): fresh from the seed (at the first growth stage),
+    as saved (ckpt), or from --init-from's weights (init) with a fresh optimizer. average: the
+    weights' moving average (ema.py), None under --ema 0."""
     torch.manual_seed(args.seed)  # the same weights on every rank: FSDP keeps each rank's slice
     if ckpt:
         first = ckpt["config"]
@@ -609,6 +621,9 @@ def build(args, hw, out, meta, stages, *, ckpt=None, init=None):
         out.say(f"starting from the weights of {args.init_from}")
     net = parallel.wrap(net.train(), args, hw.device, hw.world)
     optimizer = make_optimizer(model.unwrap(net), args, hw)
+    average = ema.start(model.unwrap(net), args.ema)
+    if ckpt and average is not None:
+        ema.load_state_dict(average, ckpt["average"])
     settings = {"objective": args.objective, "seed": args.seed, "rank": hw.rank,
                 "world_size": hw.world, "mask_rate": args.mask_rate}
     loader = make_loader(meta, "train", settings, device=hw.device)
@@ -619,7 +634,7 @@ def build(args, hw, out, meta, stages, *, ckpt=None, init=None):
                 f"{state.elapsed:.0f} s used")
     # a run that backed off after running out of memory resumes at the micro-batch it settled on
     state.micro_batch = state.micro_batch or args.micro_batch
-    return net, optimizer, loader, state
+    return net, optimizer, loader, state, average
 
 
 def make_optimizer(net, args, hw):
@@ -753,7 +768,8 @@ class Progress:
         self.bar.close()
 
 
-def save_checkpoint(net, optimizer, loader, state, *, clock, out, then="training goes on"):
+def save_checkpoint(net, optimizer, loader, state, *, average, clock, out,
+                    then="training goes on"):
     """Save the run with rank 0's state; True if it was saved. Every rank calls it: under FSDP
     every rank writes its shards. A full disk costs this checkpoint, not the run: the previous
     one stays whole (each is written beside it and renamed over it), a warning says so and what
@@ -763,7 +779,8 @@ def save_checkpoint(net, optimizer, loader, state, *, clock, out, then="training
     if out.rank == 0:  # resume cuts log.jsonl back to this size
         state.log_bytes = os.path.getsize(out.log_path) if os.path.exists(out.log_path) else 0
     try:
-        checkpoint.save(out.ckpt_path, net, optimizer, loader, asdict(state), out.rank)
+        checkpoint.save(out.ckpt_path, net, optimizer, loader, asdict(state), out.rank,
+                        average=ema.state_dict(average))
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
@@ -801,7 +818,8 @@ def one_line_if_the_disk_is_full(path, kept):
 
 def stop_diverged(net, optimizer, state, args, meta, out):
     """--max-bad-steps non-finite losses in a row: the weights in memory may hold NaN, so final/
-    gets the last good checkpoint's, and the run exits with status 1."""
+    gets the last good checkpoint's (its average, as the run scored it), and the run exits with
+    status 1."""
     out.say(f"error: {args.max_bad_steps} non-finite losses in a row at step {state.step}")
     if os.path.exists(out.ckpt_path):
         good = checkpoint.load(out.ckpt_path)

@@ -100,11 +100,12 @@ def max_difference(a, b):
 
 def test_fsdp_on_two_ranks_equals_one_process_with_the_same_global_batch(cache, straight, tmp_path):
     out, output = straight
-    # under --shard fsdp the default Muon becomes AdamW and the default depth growth none
-    # (planning.choose_defaults), so the one process it is compared with runs the same
+    # under --shard fsdp the default Muon becomes AdamW, the default depth growth none and the
+    # weights' average off (planning.choose_defaults), so the one process it is compared with
+    # runs the same
     single = run(cache, tmp_path / "single", "--max-steps", "12", "--batch-ramp", "0",
                  "--eval-every", "0.5", "--micro-batch", "8", "--optimizer", "adamw",
-                 "--grow", "none")
+                 "--grow", "none", "--ema", "0")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["tokens"] == single["tokens"] == 12 * 256
     assert "this run: fsdp, activations checkpointed" in output

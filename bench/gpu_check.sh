@@ -11,7 +11,8 @@
 # 3. bench_data.py on the GPU: the loader next to a training step, with pinned memory and prefetching
 #    (needs `tokenizers` for its tokenizer comparison);
 # 4. a 2-minute train.py run of the base model on the bundled sample with --compile (bf16, the default optimizer:
-#    Muon on the blocks' matrices with Newton-Schulz in bf16 and NorMuon's rows evened, AdamW on the rest):
+#    Muon on the blocks' matrices with Newton-Schulz in bf16 and NorMuon's rows evened, AdamW on the rest,
+#    and the weights' moving average scored, ema.py):
 #    the MFU of the whole loop (loader, logging, clipping) next to the benchmark's.
 #    A half-minute run before it fills inductor's cache:
 #    on an H200 a cold compile of the 8-layer and then the grown 16-layer graph took about 45 s, which

@@ -39,10 +39,10 @@ COMMON = ["--model", "tiny", "--vocab-size", "512", "--max-seq-len", "32", "--mi
           "--batch-tokens", "512", "--lr", "2e-3", "--eval-batches", "2", "--eval-every", "0.25",
           "--log-every", "1", "--seed", "3", "--device", "cpu", "--dtype", "fp32"]
 # train.py's recipe before Muon, warmup-stable-decay, depth growth, the value residual, 40%
-# masking and the weights' average became the defaults. The tests of mechanics that need a loss to fall within a few dozen
-# steps of 128-256 tokens pin it too (conftest.py): at such tiny batches Muon's fixed-size steps
-# learn slower than AdamW's (docs/train.md). A test that grows puts its own --grow after these
-# flags: the last wins.
+# masking and the weights' average became the defaults. The tests of mechanics that need a loss
+# to fall within a few dozen steps of 128-256 tokens pin it too (conftest.py): at such tiny
+# batches Muon's fixed-size steps learn slower than AdamW's (docs/train.md). A test that grows
+# puts its own --grow after these flags: the last wins.
 CRAMMING_ADAMW = ["--optimizer", "adamw", "--schedule", "triangle", "--grow", "none",
                   "--value-residual", "off", "--mask-rate", "0.25", "--ema", "0"]
 RUNS = {

@@ -46,6 +46,12 @@ MUON_LR_FACTOR = 4.0
 # about 1.3 minutes on 2 CPU cores (each block: 19 s, then 1.33x); 10 minutes leaves room for
 # slower compiles and smaller gains elsewhere.
 COMPILE_FROM_SECONDS = 600
+# A CPU micro-batch of about this many tokens (128 x 64 at tiny, 64 x 128 at micro): each
+# micro-batch pays a fixed cost in Python and small kernels, so a small model runs faster per
+# token in fewer, larger ones (twenty-second session, Intel AMX, bf16, tiny at a batch of 8,192:
+# 61 k tokens/s at 32 rows, 96 k at 128; micro at 16,384: 23 k at 32 rows, 26 k at 128).
+# Activations at base are about 4 GB at this size; a GPU takes cramming's 128 rows.
+CPU_MICRO_TOKENS = 8192
 CRAMMING_BATCH = 8192 * 128  # cramming's final batch, 8192 x 128 tokens (train/bert-o4.yaml)
 # Model config keys that a flag of the same name (--n-layers for n_layers) overrides on the preset
 SIZE_KEYS = ("n_layers", "d_model", "n_heads", "ffn_dim")
@@ -100,16 +106,22 @@ def sustained_flops(cfg, device, dtype):
     return cpu_step_flops(cfg, dtype)
 
 
-def cpu_step_flops(cfg, dtype, rows=32, seconds=0.2, passes=3):
+def cpu_micro_rows(seq):
+    """Sequences in a CPU micro-batch of about CPU_MICRO_TOKENS tokens: at most 128."""
+    return max(1, min(128, CPU_MICRO_TOKENS // seq))
+
+
+def cpu_step_flops(cfg, dtype, rows=None, seconds=0.2, passes=3):
     """Training FLOP/s of the model cfg on this process's CPU threads: the forward and backward
-    pass of a micro-batch of `rows` random sequences (mask_rate of each masked), eager, under
-    autocast in dtype; the fastest of the passes timed in about `seconds` (at least `passes`),
-    after a warm-up pass: one pass alone once read micro at half its speed and planned it a
-    preset too small. Optimizer, loader and evaluations are left out, and nothing is compiled:
-    the quick start's loop ran at 0.7-0.85x this (tiny), the 10-minute micro run (compiled) at
-    1.07x."""
+    pass of a micro-batch of `rows` random sequences (by default the micro-batch a run of cfg
+    takes, cpu_micro_rows; mask_rate of each masked), eager, under autocast in dtype; the fastest
+    of the passes timed in about `seconds` (at least `passes`), after a warm-up pass: one pass
+    alone once read micro at half its speed and planned it a preset too small. Optimizer, loader
+    and evaluations are left out, and nothing is compiled: the quick start's loop ran at
+    0.7-0.85x this (tiny), the 10-minute micro run (compiled) at 1.07x."""
     net = model.build_model(cfg).train()
     T, V = cfg["max_seq_len"], cfg["vocab_size"]
+    rows = rows or cpu_micro_rows(T)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(V, (rows, T), generator=g)                                   # (rows, T)
     positions, labels = None, ids  # the causal decoder predicts every position
@@ -187,7 +199,8 @@ def choose_defaults(args, speed, world, device_type):
     if args.micro_batch is None:
         # as large as memory allows (cramming: 128 on a GPU), never more than the batch
         batch_tokens = chosen.get("batch_tokens", args.batch_tokens)
-        chosen["micro_batch"] = max(1, min(128 if on_gpu else 32, batch_tokens // (seq * world)))
+        chosen["micro_batch"] = max(1, min(128 if on_gpu else cpu_micro_rows(seq),
+                                           batch_tokens // (seq * world)))
     optimizer = args.optimizer
     if optimizer == "muon" and args.shard == "fsdp":
         # Newton-Schulz needs whole matrices, and an FSDP rank holds a shard of each (muon.py)

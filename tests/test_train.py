@@ -201,9 +201,20 @@ def test_a_token_budget_sizes_the_batch_for_about_2000_steps():
 def test_flags_given_always_win_over_the_chosen_defaults():
     argv = ["--minutes", "2", "--model", "mini", "--batch-tokens", "4096", "--max-seq-len", "32"]
     picks = chosen(argv, flops_per_s=2e10, on_gpu=False)
-    assert picks == {"vocab_size": 8192, "micro_batch": 32, "grow": "depth", "ema": 0.99,
-                     "value_residual": "on", "lr": 0.012,  # Muon: 4 x 0.003
+    assert picks == {"vocab_size": 8192, "micro_batch": 128,  # the whole batch of 4096
+                     "grow": "depth", "ema": 0.99, "value_residual": "on",
+                     "lr": 0.012,  # Muon: 4 x 0.003
                      "compile": False}
+
+
+def test_a_cpu_micro_batch_holds_about_8192_tokens_and_never_more_than_the_batch():
+    def micro(*argv):
+        return chosen(["--max-steps", "10", *argv], flops_per_s=2e10, on_gpu=False)["micro_batch"]
+    assert micro("--model", "tiny", "--batch-tokens", "16384") == 128  # 128 x 64 tokens
+    assert micro("--model", "micro", "--batch-tokens", "16384") == 64  # 64 x 128 tokens
+    assert micro("--model", "micro", "--batch-tokens", "2048") == 16  # the whole batch
+    assert micro("--model", "tiny", "--max-seq-len", "32", "--batch-tokens", "65536") == 128
+    assert micro("--model", "micro", "--max-seq-len", "512", "--batch-tokens", "65536") == 16
 
 
 def test_torch_compile_is_chosen_for_time_budgets_that_pay_for_it(monkeypatch):

@@ -12,7 +12,7 @@ import ema
 import flags
 import planning
 from conftest import seeded_model
-from test_train import run, spawn, weights
+from test_train import killed_at_its_first_checkpoint, run, weights
 
 
 def test_a_new_average_equals_the_weights_and_decay_zero_is_off():
@@ -162,12 +162,7 @@ def test_a_run_killed_and_resumed_ends_with_the_same_average(sample_cache, tmp_p
     flags_ = ["--max-steps", "80", "--checkpoint-steps", "10", "--log-every", "40", "--ema",
               "0.95"]
     run(sample_cache, tmp_path / "straight", *flags_)
-    proc = spawn(sample_cache, tmp_path / "killed", *flags_)
-    ckpt = tmp_path / "killed" / "checkpoint.pt"
-    while not ckpt.exists() and proc.poll() is None:
-        pass
-    proc.kill()
-    assert proc.wait() != 0, "the run finished before it could be killed"
+    killed_at_its_first_checkpoint(sample_cache, tmp_path / "killed", *flags_)
     assert run(sample_cache, tmp_path / "killed", "--resume")["steps"] == 80
     a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -20,7 +20,7 @@ import planning
 import train
 from conftest import seeded_model
 from test_grow import train_steps  # a few steps on one fixed batch; returns the losses
-from test_train import run, spawn, weights
+from test_train import killed_at_its_first_checkpoint, run, spawn, weights
 
 
 def tiny_muon(net, lr=1e-2, weight_decay=0.01, neuron_beta2=0.0):
@@ -271,12 +271,7 @@ def test_a_muon_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, 
              "--log-every", "50", *neuron_flag(normuon)]
     straight = run(sample_cache, tmp_path / "straight", *flags)
     assert straight["final_val_loss"] < 5.9  # from ln 512 = 6.2
-    proc = spawn(sample_cache, tmp_path / "killed", *flags)
-    ckpt = tmp_path / "killed" / "checkpoint.pt"
-    while not ckpt.exists() and proc.poll() is None:
-        pass
-    proc.kill()
-    assert proc.wait() != 0, "the run finished before it could be killed"
+    killed_at_its_first_checkpoint(sample_cache, tmp_path / "killed", *flags)
     summary = run(sample_cache, tmp_path / "killed", "--resume")
     assert summary["steps"] == 200
     a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")

@@ -49,6 +49,15 @@ def spawn(cache, out, *flags, launcher=()):
                             text=True)
 
 
+def killed_at_its_first_checkpoint(cache, out, *flags):
+    """Start train.py and kill -9 it as soon as its first checkpoint.pt is in out."""
+    proc = spawn(cache, out, *flags)
+    while not (out / "checkpoint.pt").exists() and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+
+
 # --- schedules --------------------------------------------------------------------------
 
 def test_triangle_rises_from_a_quarter_to_the_peak_at_75_percent_then_falls_to_zero():
@@ -689,12 +698,7 @@ def test_run_killed_and_resumed_ends_with_the_same_weights(sample_cache, tmp_pat
     # The defaults: depth growth and the value residual included.
     flags = ["--max-steps", "300", "--checkpoint-steps", "10", "--log-every", "50"]
     run(sample_cache, tmp_path / "straight", *flags)
-    proc = spawn(sample_cache, tmp_path / "killed", *flags)
-    ckpt = tmp_path / "killed" / "checkpoint.pt"
-    while not ckpt.exists() and proc.poll() is None:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    killed_at_its_first_checkpoint(sample_cache, tmp_path / "killed", *flags)
     assert not (tmp_path / "killed" / "summary.json").exists()
     summary = run(sample_cache, tmp_path / "killed", "--resume", "--max-steps", "300")
     assert summary["steps"] == 300

@@ -153,8 +153,10 @@ def test_a_cpu_plans_with_its_own_measured_step_of_the_model(monkeypatch):
     assert timed == [(128, torch.bfloat16)]  # the model itself, in the run's autocast dtype
     monkeypatch.undo()
     start = time.perf_counter()
-    tiny = planning.cpu_step_flops(model.make_config("tiny"), torch.float32)
-    micro = planning.cpu_step_flops(model.make_config("micro"), torch.float32)
+    # at one micro-batch of 32 sequences for both (a run's own micro-batch, the default, gives tiny
+    # 128 sequences and micro 64, which evens out their speeds)
+    tiny = planning.cpu_step_flops(model.make_config("tiny"), torch.float32, rows=32)
+    micro = planning.cpu_step_flops(model.make_config("micro"), torch.float32, rows=32)
     assert time.perf_counter() - start < 5  # FLOP/s of a real forward and backward, in ~0.2 s
     assert 1e8 < tiny < micro < 1e15  # the wider model keeps more of the machine busy
 

@@ -10,9 +10,8 @@ import torch
 import conftest
 import ema
 import flags
-import planning
 from conftest import seeded_model
-from test_train import killed_at_its_first_checkpoint, run, weights
+from test_train import chosen, killed_at_its_first_checkpoint, run, weights
 
 
 def test_a_new_average_equals_the_weights_and_decay_zero_is_off():
@@ -178,15 +177,13 @@ def test_a_run_saved_before_the_flag_resumes_without_an_average(sample_cache, tm
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["average"] is None
 
 
-def chosen(*argv):
-    args = flags.parse_args(["--max-steps", "1", "--model", "mini", *argv])
-    return planning.choose_defaults(args, lambda cfg: 1e10, 1, "cpu")[0]
-
-
 def test_the_default_is_the_records_decay_and_off_under_fsdp():
-    assert chosen()["ema"] == ema.RECIPE_DECAY == 0.99
-    assert chosen("--shard", "fsdp", "--grow", "none")["ema"] == 0.0
-    assert "ema" not in chosen("--ema", "0.5")                           # a given one wins
+    def picks(*argv):
+        return chosen(["--max-steps", "1", "--model", "mini", *argv], flops_per_s=1e10,
+                      on_gpu=False)
+    assert picks()["ema"] == ema.RECIPE_DECAY == 0.99
+    assert picks("--shard", "fsdp", "--grow", "none")["ema"] == 0.0
+    assert "ema" not in picks("--ema", "0.5")                            # a given one wins
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,10 +1,10 @@
 """checkpoint.py: save a run so that it resumes bitwise where it stopped, and load it back.
 
-    checkpoint.save(path, net, optimizer, loader, state, rank)  # every rank calls it
-    ckpt = checkpoint.load(path)                                # always onto the CPU first
-    checkpoint.load_weights(net, ckpt)                          # before wrapping: DDP broadcasts
-    state = checkpoint.restore(ckpt, net, optimizer, loader)    # moments, data position, RNG
-    checkpoint.save_final(folder, net, rank, extra)             # model.py's folder, to share
+    checkpoint.save(path, net, optimizer, loader, state, rank, average)  # every rank calls it
+    ckpt = checkpoint.load(path)                          # always onto the CPU first
+    checkpoint.load_weights(net, ckpt)                    # before wrapping: DDP broadcasts
+    state = checkpoint.restore(ckpt, net, optimizer, loader, average)  # moments, data, RNG
+    checkpoint.save_final(folder, net, rank, extra)       # model.py's folder, to share
 
 A checkpoint holds everything a bitwise-exact resume needs: weights, AdamW moments, the weights'
 moving average (ema.py), the loop's state, the loader's position and the RNG (the masks and the
@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+import ema
 import files
 import model
 import parallel
@@ -57,9 +58,9 @@ def exists(path):
 
 def save(path, net, optimizer, loader, state, rank, average=None):
     """Save weights, AdamW moments, the loader's position, state (a dict), the RNG and the
-    weights' moving average (ema.state_dict; None: off, as under FSDP) to path."""
+    weights' moving average (ema.state_dict; None: off) to path."""
     if path.endswith(".dcp"):
-        save_shards(path, net, optimizer, run_state(net, loader, state), rank)
+        save_shards(path, net, optimizer, run_state(net, loader, state), rank, average)
     elif rank == 0:  # DDP: every rank holds the same weights, one file from rank 0 is all of them
         # the plain model's state dict: no "_orig_mod." (compile) or "module." (DDP) prefixes
         ckpt = {"model": model.unwrap(net).state_dict(), "optimizer": optimizer.state_dict(),
@@ -75,19 +76,20 @@ def run_state(net, loader, state):
             "rng": {"torch": torch.get_rng_state(), "cuda": cuda}}
 
 
-def save_shards(folder, net, optimizer, extra, rank):
-    """FSDP: every rank writes its shards of the weights and moments with Distributed Checkpoint
-    (torch.distributed.checkpoint.save, one file per rank), and rank 0 writes run.pt (extra)
-    beside them. Collective: every rank calls it."""
+def save_shards(folder, net, optimizer, extra, rank, average=None):
+    """FSDP: every rank writes its shards of the weights, moments and weights' average (if any)
+    with Distributed Checkpoint (torch.distributed.checkpoint.save, one file per rank), and rank 0
+    writes run.pt (extra, and the average's decay and count) beside them. Collective: every rank
+    calls it."""
     tmp, old = folder + ".tmp", folder + ".old"
-    weights, moments = get_state_dict(model.unwrap(net), optimizer)  # DTensors: this rank's shards
+    shards = sharded_state(net, optimizer, average)
     # Barriers order the steps across ranks: nobody writes into tmp before rank 0 cleared it, and
     # nobody renames before every rank's file is complete
     if rank == 0 and os.path.exists(tmp):
         shutil.rmtree(tmp)                  # a save cut short by a kill
     dist.barrier()
     try:
-        dcp.save({"model": weights, "optimizer": moments}, checkpoint_id=tmp)
+        dcp.save(shards, checkpoint_id=tmp)
     except dcp.api.CheckpointException as e:  # DCP hands every rank all ranks' failures
         full = [error for error, _ in e.failures.values()
                 if isinstance(error, OSError) and error.errno == errno.ENOSPC]
@@ -99,7 +101,9 @@ def save_shards(folder, net, optimizer, extra, rank):
     written = [True]
     if rank == 0:
         try:  # atomic_write's unbuffered file: a full disk is an OSError, not "unexpected pos"
-            files.atomic_write(os.path.join(tmp, "run.pt"), lambda f: torch.save(extra, f))
+            numbers = average and {"decay": average["decay"], "updates": average["updates"]}
+            run = {**extra, "average": numbers}
+            files.atomic_write(os.path.join(tmp, "run.pt"), lambda f: torch.save(run, f))
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
@@ -114,6 +118,18 @@ def save_shards(folder, net, optimizer, extra, rank):
         os.replace(tmp, folder)
         shutil.rmtree(old, ignore_errors=True)
     dist.barrier()                          # no rank reads or writes checkpoints before the rename
+
+
+def sharded_state(net, optimizer, average):
+    """What Distributed Checkpoint saves and loads under FSDP, all DTensors (this rank's shards):
+    the weights, the moments, and the weights' average by parameter name, as the weights are, so
+    that it reshards like them onto any number of ranks."""
+    weights, moments = get_state_dict(model.unwrap(net), optimizer)
+    state = {"model": weights, "optimizer": moments}
+    if average is not None:
+        names = [name for name, _ in model.unwrap(net).named_parameters()]
+        state["average"] = dict(zip(names, average["weights"], strict=True))
+    return state
 
 
 # -----------------------------------------------------------------------------
@@ -152,13 +168,17 @@ def load_weights(net, ckpt):
     return net
 
 
-def restore(ckpt, net, optimizer, loader):
-    """Moments (and a sharded checkpoint's weights), the loader's position and the RNG; returns
-    the saved loop state (a dict)."""
+def restore(ckpt, net, optimizer, loader, average=None):
+    """Moments (and a sharded checkpoint's weights), the weights' average (ema.start's, filled in
+    place), the loader's position and the RNG; returns the saved loop state (a dict)."""
     if "folder" in ckpt:
-        load_shards(ckpt["folder"], net, optimizer)
+        load_shards(ckpt["folder"], net, optimizer, average)
+        if average is not None:  # its weights came with the shards, its count is in run.pt
+            average["updates"] = ckpt["average"]["updates"]
     else:
         optimizer.load_state_dict(ckpt["optimizer"])
+        if average is not None:
+            ema.load_state_dict(average, ckpt["average"])
     loader.load_state_dict(ckpt["loader"])
     # the RNG last: building the model and optimizer above must not consume it after the restore
     torch.set_rng_state(ckpt["rng"]["torch"])
@@ -167,25 +187,31 @@ def restore(ckpt, net, optimizer, loader):
     return ckpt["state"]
 
 
-def load_shards(folder, net, optimizer):
-    """FSDP: weights and moments from a checkpoint folder into the sharded model and its optimizer.
-    Collective: every rank calls it."""
+def load_shards(folder, net, optimizer, average=None):
+    """FSDP: weights and moments from a checkpoint folder into the sharded model and its optimizer,
+    and the weights' average, if given (ema.start's), into it. Collective: every rank calls it."""
     # Distributed Checkpoint reads the part of every tensor this rank holds now, whatever the number
     # of ranks that wrote it: that is the resharding (torch.distributed.checkpoint.load)
-    weights, moments = get_state_dict(model.unwrap(net), optimizer)  # the shapes and slices to fill
-    wanted = {"model": weights, "optimizer": moments}
+    wanted = sharded_state(net, optimizer, average)  # the shapes and slices to fill, in place
     dcp.load(wanted, checkpoint_id=folder)
     set_state_dict(model.unwrap(net), optimizer, model_state_dict=wanted["model"],
                    optim_state_dict=wanted["optimizer"])
 
 
 def restored_model(ckpt, net, optimizer):
-    """The checkpoint's weights as a model save_final can write: a fresh plain model, or under
-    FSDP the sharded one with its shards loaded back (save_final gathers them)."""
-    if "folder" in ckpt:
-        load_shards(ckpt["folder"], net, optimizer)
-        return net
-    return scored_model(ckpt)
+    """The checkpoint's model as its run scored it, to be written by save_final: a fresh plain
+    model, or under FSDP the sharded one with its shards loaded back and the weights' average, if
+    the run kept one, copied over them (save_final gathers them)."""
+    if "folder" not in ckpt:
+        return scored_model(ckpt)
+    saved = ckpt.get("average")  # None: the run kept no average (or was saved before it could)
+    average = saved and ema.start(model.unwrap(net), saved["decay"])
+    load_shards(ckpt["folder"], net, optimizer, average)
+    if average:
+        with torch.no_grad():
+            torch._foreach_copy_(ema.own_shards(ema.parameters(model.unwrap(net))),
+                                 ema.own_shards(average["weights"]))
+    return net
 
 
 def scored_model(ckpt):

@@ -21,11 +21,15 @@ average closes in on the trained weights and, once it spans a step or less, is t
 a run that decays to zero the average neither helps nor costs. A fresh average also warms up, as
 TensorFlow's ExponentialMovingAverage does with num_updates (after n updates the decay is at most
 (1 + n) / (10 + n)), so that it follows the weights closely while they change fastest. Growth
-(grow.py) changes the shapes: train.py starts a new average from the grown weights.
+(grow.py) changes the shapes: train.py starts a new average from the grown weights. Under FSDP each
+rank averages its own shard of every weight, and the average is saved in the sharded checkpoint
+beside the weights (checkpoint.save_shards).
 """
 import contextlib
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 RECIPE_DECAY = 0.99  # train.py's default (--ema), the speedrun's record 10
 
@@ -35,7 +39,7 @@ def start(net, decay):
     if not decay:
         return None
     with torch.no_grad():
-        weights = [p.detach().clone() for p in net.parameters()]
+        weights = [p.clone() for p in parameters(net)]
     return {"decay": decay, "updates": 0, "weights": weights}
 
 
@@ -53,8 +57,9 @@ def update(average, net, rate=1.0):
     current decay at `rate` (the learning rate as a fraction of its peak)."""
     if average is None:
         return
-    weights = [p.detach() for p in net.parameters()]
-    torch._foreach_lerp_(average["weights"], weights, 1.0 - current_decay(average, rate))
+    weights = own_shards(parameters(net))
+    torch._foreach_lerp_(own_shards(average["weights"]), weights,
+                         1.0 - current_decay(average, rate))
     average["updates"] += 1
 
 
@@ -66,13 +71,14 @@ def swapped_in(net, average):
     if average is None:
         yield net
         return
-    params = [p.detach() for p in net.parameters()]
+    params = own_shards(parameters(net))
     with torch.no_grad():
         trained = [p.clone() for p in params]
-        torch._foreach_copy_(params, average["weights"])
+        torch._foreach_copy_(params, own_shards(average["weights"]))
     try:
         yield net
     finally:
+        parameters(net)  # under FSDP: the next forward gathers the trained weights again
         with torch.no_grad():
             torch._foreach_copy_(params, trained)
 
@@ -91,3 +97,19 @@ def load_state_dict(average, saved):
         torch._foreach_copy_(average["weights"], [w.to(average["weights"][0].device)
                                                  for w in saved["weights"]])
     average["updates"] = saved["updates"]
+
+
+def parameters(net):
+    """net's parameters, detached, as its optimizer holds them: under FSDP, this rank's shards.
+    FSDP keeps the root module's weights gathered after a forward with no backward (an
+    evaluation), and reuses them in the next forward: reshard() lets them go."""
+    for module in net.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    return [p.detach() for p in net.parameters()]
+
+
+def own_shards(tensors):
+    """The tensors, each as the data this rank holds: under FSDP a parameter is a DTensor, and
+    every rank updates its own shard of it (DTensor has no rule for _foreach_copy_)."""
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]

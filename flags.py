@@ -218,7 +218,7 @@ def add_optimization_flags(p):
     g.add_argument("--ema", type=float, default=None,
                    help="decay of the weights' moving average (ema.py), the model every held-out "
                    "loss scores and final/ holds; 0: the trained weights themselves (default: "
-                   "0.99, the speedrun's record 10; 0 under --shard fsdp)")
+                   "0.99, the speedrun's record 10)")
 
 
 def add_system_and_output_flags(p):
@@ -345,9 +345,6 @@ def check_system_args(parser, args):
     if args.shard == "fsdp" and grows:
         parser.error("--grow needs --shard ddp: the grow operators read and write full weight "
                      "tensors, and unshard-grow-reshard is not implemented")
-    if args.shard == "fsdp" and args.ema:
-        parser.error("--ema needs --shard ddp: the average is kept whole on every rank and saved "
-                     "in checkpoint.pt, not in FSDP's sharded checkpoint; give --ema 0")
     if args.shard == "fsdp" and args.positions == "sinusoidal":
         parser.error("--positions sinusoidal needs --shard ddp: its learned scale is a scalar "
                      "parameter, which fully_shard cannot shard")

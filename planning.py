@@ -213,9 +213,8 @@ def choose_defaults(args, speed, world, device_type):
         chosen["grow"] = "depth" if grows else "none"
     if args.value_residual is None and not args.init_from:  # saved in args.json as chosen
         chosen["value_residual"] = "on" if cfg["value_residual"] else "off"
-    if args.ema is None:
-        # The speedrun's record 10 (docs/records.md); FSDP's checkpoints do not hold the average
-        chosen["ema"] = 0.0 if args.shard == "fsdp" else ema.RECIPE_DECAY
+    if args.ema is None:  # the speedrun's record 10 (docs/records.md)
+        chosen["ema"] = ema.RECIPE_DECAY
     if args.lr is None:
         # Adam's best rate falls about as 1/width (Yang et al. 2021, muP); measured: docs/train.md.
         # Muon's is four times that (docs/records.md).

@@ -622,14 +622,12 @@ def build(args, hw, out, meta, stages, *, ckpt=None, init=None):
     net = parallel.wrap(net.train(), args, hw.device, hw.world)
     optimizer = make_optimizer(model.unwrap(net), args, hw)
     average = ema.start(model.unwrap(net), args.ema)
-    if ckpt and average is not None:
-        ema.load_state_dict(average, ckpt["average"])
     settings = {"objective": args.objective, "seed": args.seed, "rank": hw.rank,
                 "world_size": hw.world, "mask_rate": args.mask_rate}
     loader = make_loader(meta, "train", settings, device=hw.device)
     state = RunState(next_eval=args.eval_every, next_check=args.grow_check_every)
     if ckpt:
-        state = RunState(**checkpoint.restore(ckpt, net, optimizer, loader))
+        state = RunState(**checkpoint.restore(ckpt, net, optimizer, loader, average))
         out.say(f"resuming {out.ckpt_path} at step {state.step}, {state.tokens:,} tokens, "
                 f"{state.elapsed:.0f} s used")
     # a run that backed off after running out of memory resumes at the micro-batch it settled on

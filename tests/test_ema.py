@@ -177,19 +177,18 @@ def test_a_run_saved_before_the_flag_resumes_without_an_average(sample_cache, tm
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["average"] is None
 
 
-def test_the_default_is_the_records_decay_and_off_under_fsdp():
+def test_the_default_is_the_records_decay_under_ddp_and_fsdp():
     def picks(*argv):
         return chosen(["--max-steps", "1", "--model", "mini", *argv], flops_per_s=1e10,
                       on_gpu=False)
     assert picks()["ema"] == ema.RECIPE_DECAY == 0.99
-    assert picks("--shard", "fsdp", "--grow", "none")["ema"] == 0.0
+    assert picks("--shard", "fsdp", "--grow", "none")["ema"] == 0.99   # tests/test_fsdp.py
     assert "ema" not in picks("--ema", "0.5")                            # a given one wins
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--ema", "1"], "--ema.*in \\[0, 1\\)"),
     (["--ema", "-0.1"], "--ema.*in \\[0, 1\\)"),
-    (["--ema", "0.9", "--shard", "fsdp", "--grow", "none"], "--ema needs --shard ddp"),
 ])
 def test_bad_ema_flags_get_one_line(argv, message, capsys):
     with pytest.raises(SystemExit):

@@ -17,12 +17,15 @@ import time
 
 import pytest
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+import checkpoint
 import flags
 import model
 import parallel
 import train
-from test_train import ROOT, TINY, run, weights
+from conftest import read_log
+from test_train import ROOT, TINY, make_losses_non_finite, run, weights
 
 FSDP = ["--shard", "fsdp", "--checkpoint-activations", "--max-steps", "12", "--batch-ramp", "0",
         "--eval-every", "0.5", "--checkpoint-steps", "3", "--log-every", "4"]
@@ -96,20 +99,37 @@ def max_difference(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+def held_out_losses(folder):
+    """The held-out losses in folder's log before training and halfway (--eval-every 0.5): the
+    second one is the weights' average's (ema.py)."""
+    return [r["val_loss"] for r in read_log(folder) if r["kind"] == "eval" and r["progress"] < 1]
+
+
+def saved_shards(folder, tmp_path):
+    """A Distributed Checkpoint folder as one plain dict ("model", "optimizer", "average")."""
+    whole = tmp_path / "whole.pt"
+    dcp_to_torch_save(folder, whole)
+    return torch.load(whole, weights_only=False)
+
+
 # --- FSDP against one process, and against itself after a kill ---------------------------
 
 def test_fsdp_on_two_ranks_equals_one_process_with_the_same_global_batch(cache, straight, tmp_path):
     out, output = straight
-    # under --shard fsdp the default Muon becomes AdamW, the default depth growth none and the
-    # weights' average off (planning.choose_defaults), so the one process it is compared with
-    # runs the same
+    # under --shard fsdp the default Muon becomes AdamW and the default depth growth none
+    # (planning.choose_defaults), so the one process it is compared with runs the same; both keep
+    # the weights' average (ema.py), which every held-out loss scores
     single = run(cache, tmp_path / "single", "--max-steps", "12", "--batch-ramp", "0",
                  "--eval-every", "0.5", "--micro-batch", "8", "--optimizer", "adamw",
-                 "--grow", "none", "--ema", "0")
+                 "--grow", "none")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["tokens"] == single["tokens"] == 12 * 256
     assert "this run: fsdp, activations checkpointed" in output
+    assert json.loads((out / "args.json").read_text())["ema"] == 0.99
     assert max_difference(weights(tmp_path / "single" / "final"), weights(out / "final")) < 1e-5
+    # halfway, the average (the 2 ranks' shards of it) scores as one process's does
+    fsdp_losses, single_losses = held_out_losses(out), held_out_losses(tmp_path / "single")
+    assert len(fsdp_losses) == 2 and abs(fsdp_losses[1] - single_losses[1]) < 1e-5
     # final/ is model.py's plain format.
     assert model.load_model(out / "final").config["n_layers"] == 2
 
@@ -119,10 +139,16 @@ def test_an_fsdp_run_killed_and_resumed_ends_with_the_same_weights(cache, straig
     out = resumable_copy(killed, tmp_path / "run")
     dcp = out / "checkpoint.dcp"
     assert (dcp / "run.pt").exists() and (dcp / ".metadata").exists()
+    # the checkpoint holds the weights' average beside the weights, by name, and its count
+    saved = saved_shards(dcp, tmp_path)
+    assert saved["average"].keys() == saved["model"].keys()
+    assert any(not torch.equal(saved["average"][k], saved["model"][k]) for k in saved["model"])
+    assert checkpoint.load(str(dcp))["average"] == {"decay": 0.99, "updates": 3}
     wait(launch(cache, out, 2, "--resume"), out)
     assert json.loads((out / "summary.json").read_text())["steps"] == 12
     a, b = weights(straight[0] / "final"), weights(out / "final")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    assert held_out_losses(out) == held_out_losses(straight[0])  # the same average at step 6
 
     def steps(folder):
         return [(r["kind"], r["step"]) for r in map(json.loads, open(folder / "log.jsonl"))]
@@ -136,6 +162,27 @@ def test_a_checkpoint_written_by_two_ranks_resumes_on_one(cache, straight, kille
     assert summary["world_size"] == 1 and summary["steps"] == 12 and summary["tokens"] == 12 * 256
     assert "resuming" in capsys.readouterr().out
     assert max_difference(weights(straight[0] / "final"), weights(out / "final")) < 1e-5
+    # The average was resharded too: halfway it scores as in one process that trained from the
+    # start. (One rank evaluates micro-batch x --eval-batches sequences, two ranks twice that:
+    # the one process evaluates at the resumed run's micro-batch.)
+    micro_batch = json.loads((out / "args.json").read_text())["micro_batch"]
+    one = run(cache, tmp_path / "one", "--max-steps", "12", "--batch-ramp", "0", "--eval-every",
+              "0.5", "--micro-batch", str(micro_batch), "--optimizer", "adamw", "--grow", "none")
+    assert one["steps"] == 12
+    assert abs(held_out_losses(out)[1] - held_out_losses(tmp_path / "one")[1]) < 1e-5
+
+
+def test_an_fsdp_run_that_diverges_saves_the_last_good_checkpoints_average(cache, tmp_path,
+                                                                          monkeypatch, capsys):
+    make_losses_non_finite(monkeypatch, {5, 6, 7})
+    with pytest.raises(SystemExit) as stop:  # FSDP over a group of one rank, in this process
+        run(cache, tmp_path, "--shard", "fsdp", "--max-steps", "20", "--checkpoint-steps", "3",
+            "--max-bad-steps", "3")
+    assert stop.value.code == 1 and "restored the last good checkpoint" in capsys.readouterr().out
+    good = saved_shards(tmp_path / "checkpoint.dcp", tmp_path)
+    restored = weights(tmp_path / "final")
+    assert all(torch.equal(restored[k], good["average"][k]) for k in restored)  # as it scored
+    assert not all(torch.equal(restored[k], good["model"][k]) for k in restored)
 
 
 def test_fsdp_shards_hold_what_memory_per_rank_says(straight):
@@ -150,6 +197,64 @@ def test_fsdp_shards_hold_what_memory_per_rank_says(straight):
     # The allowance for padding: one dim-0 row of each parameter.
     padding = sum(4 * p.numel() // p.shape[0] for p in model.build_model(cfg).parameters())
     assert len(held) == 2 and all(abs(h - fsdp["params"]) <= padding for h in held)
+
+
+# --- the weights' average on sharded weights ------------------------------------------------
+
+# On each rank: a two-layer net sharded as train.py shards it (the first layer a unit of its own,
+# the second in the root unit, as the embedding is), one step and one update of the average, then
+# evaluations with the average swapped in and out; the same on an unsharded copy. Rank 0 prints
+# the outputs.
+AVERAGE_ON_TWO_RANKS = """
+import json, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+import ema
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+sharded = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 3))
+plain = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 3))
+plain.load_state_dict(sharded.state_dict())
+fully_shard(sharded[0]); fully_shard(sharded)
+x, outputs = torch.randn(2, 8, generator=torch.Generator().manual_seed(1)), {}
+for name, net in (("sharded", sharded), ("plain", plain)):
+    average = ema.start(net, 0.9)
+    with torch.no_grad():
+        for p in ema.parameters(net):
+            p.mul_(2.0)                                     # a step: the weights move
+        ema.update(average, net)                            # average = 0.1 old + 0.9 new
+        trained = net(x)
+        with ema.swapped_in(net, average):
+            first = net(x)
+        after = net(x)
+        with ema.swapped_in(net, average):
+            second = net(x)
+    outputs[name] = [t.tolist() for t in (trained, first, after, second)]
+if dist.get_rank() == 0:
+    print(json.dumps(outputs))
+"""
+
+
+def test_the_average_of_sharded_weights_evaluates_as_an_unsharded_ones(tmp_path):
+    # FSDP keeps the root unit's weights gathered after a forward with no backward: swapping the
+    # average in and out must let them go, or the next forward reuses the average's
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-c", AVERAGE_ON_TWO_RANKS], cwd=ROOT,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    outputs = json.loads(logs[0].strip().splitlines()[-1])
+    trained, first, after, second = (torch.tensor(t) for t in outputs["sharded"])
+    assert not torch.allclose(first, trained, atol=1e-3)        # the average is another model
+    assert torch.equal(first, second) and torch.equal(after, trained)
+    for sharded, plain in zip(outputs["sharded"], outputs["plain"], strict=True):
+        assert torch.allclose(torch.tensor(sharded), torch.tensor(plain), atol=1e-6)
 
 
 # --- the arithmetic, activation checkpointing and the flags ------------------------------

@@ -18,15 +18,17 @@
 #    on an H200 a cold compile of the 8-layer and then the grown 16-layer graph took about 45 s, which
 #    left a 1-minute run 4 steps (2026-12-04), so untimed, both timed runs start warm;
 # 4b. the same run with cramming's fused AdamW and triangle (--optimizer adamw --schedule triangle);
+# 4c. the sharded path on one GPU, eager: a 30-second --shard fsdp run (bf16 all-gathers, the weights'
+#     average in shards, a Distributed Checkpoint), then --resume from that checkpoint to a 45-second budget;
 # 5. evaluate_glue.py fine-tuning that model on the GPU (bf16, padded batches) on a toy task of our own: which of
 #    two plays a line comes from (--task-file);
 # 6. bench_compile.py at base (8 then 16 layers): cold compile and steady steps, the whole model compiled against
 #    each block compiled (what --compile does since the eighth session; step 4's runs use it). Its table
 #    goes to log.txt only.
 # Each step runs even when an earlier one failed; the script exits non-zero if any did. Results land in RESULTS_DIR
-# as eight small files (log.txt, five benchmark JSONs, train_summaries.json with both runs' summaries and last
+# as eight small files (log.txt, five benchmark JSONs, train_summaries.json with three runs' summaries and last
 # step records, the fine-tuning results); the caches and the trained model stay in /tmp.
-# Rehearse it on a CPU in about a minute (tiny model, fp32, seconds-long run):
+# Rehearse it on a CPU in a few minutes (tiny model, fp32, seconds-long runs):
 #   GPU_CHECK_REHEARSAL=1 bash bench/gpu_check.sh /tmp/rehearsal
 # GPU_CHECK_MINUTES=1 shortens each of the two training runs (default 2) to fit a short lease of the GPU.
 set -uo pipefail
@@ -38,11 +40,13 @@ py=${PYTHON:-python3}
 if [ "${GPU_CHECK_REHEARSAL:-0}" = 1 ]; then
     model=(--preset tiny --batch-size 8 --steps 3) data=(--device cpu --vocab-size 512 --repeat 1 --steps 2)
     run=(--model tiny --vocab-size 512 --minutes 0.2 --micro-batch 8 --batch-tokens 1024) lines=200
+    sharded=(0.1 0.15)  # minutes of the FSDP run, and its budget when resumed
     compile=(--n-layers 2 --d-model 64 --n-heads 4 --ffn-dim 128 --vocab-size 512 --seq-len 64 --batch-size 8
              --steps 3 --device cpu --dtype fp32)
 else
     model=(--preset base --batch-size 256 --steps 20) data=(--device cuda --vocab-size 8192 --repeat 1 --batch-size 256)
     run=(--model base --vocab-size 8192 --minutes ${GPU_CHECK_MINUTES:-2} --micro-batch 256 --batch-tokens 262144) lines=2000
+    sharded=(0.5 0.75)
     compile=(--n-layers 16 --d-model 768 --n-heads 12 --ffn-dim 1536 --vocab-size 8192 --batch-size 256 --steps 20)
 fi
 failed=()
@@ -72,10 +76,15 @@ step train "$py" train.py --data sample "${run[@]}" --compile --cache /tmp/gpu_c
 rm -rf /tmp/gpu_check_adamw  # 4b. the same run with cramming's fused AdamW, for the comparison
 step train_adamw "$py" train.py --data sample "${run[@]}" --compile --optimizer adamw \
     --schedule triangle --cache /tmp/gpu_check_cache --out /tmp/gpu_check_adamw
-"$py" - "$out/train_summaries.json" <<'EOF_SUMMARIES'  # both runs: their summaries and last 3 step records
+rm -rf /tmp/gpu_check_fsdp  # 4c. FSDP over one rank, and a resume of its sharded checkpoint
+step train_fsdp "$py" train.py --data sample "${run[@]}" --minutes "${sharded[0]}" --shard fsdp \
+    --cache /tmp/gpu_check_cache --out /tmp/gpu_check_fsdp
+step train_fsdp_resume "$py" train.py --resume --minutes "${sharded[1]}" --out /tmp/gpu_check_fsdp
+"$py" - "$out/train_summaries.json" <<'EOF_SUMMARIES'  # the runs: their summaries and last 3 step records
 import json, os, sys
 both = {}
-for name, run in (("muon", "/tmp/gpu_check_run"), ("adamw", "/tmp/gpu_check_adamw")):
+for name, run in (("muon", "/tmp/gpu_check_run"), ("adamw", "/tmp/gpu_check_adamw"),
+                  ("fsdp", "/tmp/gpu_check_fsdp")):
     summary = json.load(open(f"{run}/summary.json")) if os.path.exists(f"{run}/summary.json") else None
     records = [json.loads(ln) for ln in open(f"{run}/log.jsonl")] if os.path.exists(f"{run}/log.jsonl") else []
     both[name] = {"summary": summary, "last_steps": [r for r in records if r.get("kind") == "train"][-3:]}

@@ -13,10 +13,9 @@ import pytest
 import torch
 
 import conftest
-import flags
 import grow
 import muon
-import planning
+import test_train
 import train
 from conftest import seeded_model
 from test_grow import train_steps  # a few steps on one fixed batch; returns the losses
@@ -245,12 +244,10 @@ def test_train_py_builds_the_optimizer_it_is_asked_for():
                       torch.optim.AdamW)
 
 
-def chosen(*argv):
-    args = flags.parse_args(["--max-steps", "1", "--model", "mini", *argv])
-    return planning.choose_defaults(args, lambda cfg: 1e10, 1, "cpu")[0]
-
-
 def test_muon_gets_four_times_adamws_learning_rate_and_becomes_adamw_under_fsdp():
+    def chosen(*argv):
+        return test_train.chosen(["--max-steps", "1", "--model", "mini", *argv],
+                                 flops_per_s=1e10, on_gpu=False)
     adamw_lr = 1e-3 * 768 / 256                                   # the 1/width rule at mini
     assert chosen("--optimizer", "adamw")["lr"] == adamw_lr
     assert chosen("--optimizer", "muon")["lr"] == 4 * adamw_lr

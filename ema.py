@@ -78,7 +78,7 @@ def swapped_in(net, average):
     try:
         yield net
     finally:
-        parameters(net)  # under FSDP: the next forward gathers the trained weights again
+        reshard(net)  # under FSDP: the next forward gathers the trained weights, not these
         with torch.no_grad():
             torch._foreach_copy_(params, trained)
 
@@ -100,13 +100,18 @@ def load_state_dict(average, saved):
 
 
 def parameters(net):
-    """net's parameters, detached, as its optimizer holds them: under FSDP, this rank's shards.
-    FSDP keeps the root module's weights gathered after a forward with no backward (an
-    evaluation), and reuses them in the next forward: reshard() lets them go."""
+    """net's parameters, detached, as its optimizer holds them: under FSDP, this rank's shards."""
+    reshard(net)
+    return [p.detach() for p in net.parameters()]
+
+
+def reshard(net):
+    """Under FSDP: let go of the weights FSDP keeps gathered after a forward with no backward (an
+    evaluation gathers the root module's and keeps them), so that the next forward gathers the
+    shards as they are then. Nothing to do for an unsharded net."""
     for module in net.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
-    return [p.detach() for p in net.parameters()]
 
 
 def own_shards(tensors):

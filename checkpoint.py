@@ -208,9 +208,7 @@ def restored_model(ckpt, net, optimizer):
     average = saved and ema.start(model.unwrap(net), saved["decay"])
     load_shards(ckpt["folder"], net, optimizer, average)
     if average:
-        with torch.no_grad():
-            torch._foreach_copy_(ema.own_shards(ema.parameters(model.unwrap(net))),
-                                 ema.own_shards(average["weights"]))
+        ema.copy_over(model.unwrap(net), average["weights"])
     return net
 
 
@@ -218,10 +216,8 @@ def scored_model(ckpt):
     """A .pt checkpoint's plain model as its run scored it and saves it in final/: the trained
     weights, with the moving average (ema.py) copied over them where the run kept one."""
     net = load_weights(model.build_model(ckpt["config"]), ckpt)
-    if ckpt.get("average"):  # one tensor per parameter, in net.parameters() order
-        with torch.no_grad():
-            torch._foreach_copy_([p.detach() for p in net.parameters()],
-                                 ckpt["average"]["weights"])
+    if ckpt.get("average"):
+        ema.copy_over(net, ckpt["average"]["weights"])
     return net
 
 

@@ -5,6 +5,7 @@
     with ema.swapped_in(net, average):        # evaluate or save the averaged weights, then the
         ...                                   # trained ones are back for the next step
     ema.state_dict(average), ema.load_state_dict(average, saved)     # checkpoints
+    ema.copy_over(net, saved["weights"])      # for good: a saved run's model as it scored
 
 Training goes on with the optimizer's weights; every held-out loss, final/ and the export are the
 average's. While the learning rate is high the weights jump around the valley's floor from step to
@@ -97,6 +98,13 @@ def load_state_dict(average, saved):
         torch._foreach_copy_(average["weights"], [w.to(average["weights"][0].device)
                                                  for w in saved["weights"]])
     average["updates"] = saved["updates"]
+
+
+def copy_over(net, weights):
+    """Copy weights (one tensor per parameter, in net.parameters() order: an average's) over net's
+    own, for good: a saved run's model as the run scored it."""
+    with torch.no_grad():
+        torch._foreach_copy_(own_shards(parameters(net)), own_shards(weights))
 
 
 def parameters(net):

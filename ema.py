@@ -58,7 +58,9 @@ def update(average, net, rate=1.0):
     current decay at `rate` (the learning rate as a fraction of its peak)."""
     if average is None:
         return
-    weights = own_shards(parameters(net))
+    # after the step's backward FSDP holds only the shards: no reshard (parameters()) needed here,
+    # which saves a walk over every module on every step
+    weights = own_shards(p.detach() for p in net.parameters())
     torch._foreach_lerp_(own_shards(average["weights"]), weights,
                          1.0 - current_decay(average, rate))
     average["updates"] += 1

@@ -106,7 +106,7 @@ class HeldOut:
         if self.micro_batch == 1 or self.hw.world > 1:
             raise parallel.out_of_memory_exit(f"evaluating at micro-batch {self.micro_batch}",
                                               cfg, device=self.hw.device, world=self.hw.world,
-                                              shard=self.args.shard) from None
+                                              args=self.args) from None
         parallel.free_memory(self.hw.device)
         before, self.micro_batch = self.micro_batch, self.micro_batch // 2
         self.out.log({"kind": "back_off", "evaluation": True, "micro_batch": self.micro_batch,

@@ -262,41 +262,59 @@ def free_memory(device):
         torch.mps.empty_cache()
 
 
-def out_of_memory_exit(where, cfg, *, device, world, shard):
+def out_of_memory_exit(where, cfg, *, device, world, args):
     """The one-line error when halving cannot help: what ran out, and what the model needs."""
-    need = memory_per_rank(cfg, world, shard)["total"]
+    need = memory_per_rank(cfg, world, args.shard, optimizer=args.optimizer,
+                           neuron_beta2=args.neuron_beta2, ema=args.ema)["total"]
     return SystemExit(f"error: out of memory {where} on {device}: the model has "
                       f"{model.count_params(cfg) / 1e6:.1f} M parameters, which need "
-                      f"{need / 1e9:.2f} GB per rank for weights, gradients and AdamW before any "
-                      "activation; try --checkpoint-activations, --shard fsdp, --dtype bf16 or a "
-                      "smaller --model")
+                      f"{need / 1e9:.2f} GB per rank for weights, gradients, the optimizer's "
+                      "state and the weights' average before any activation; try "
+                      "--checkpoint-activations, --shard fsdp, --dtype bf16 or a smaller --model")
 
 
-def memory_per_rank(cfg, world, shard):
-    """Bytes of training state on each rank, in fp32: parameters 4 per parameter, gradients
-    4, AdamW's two moments 8. Activations come on top, and under FSDP the all-gathered
-    block being computed."""
+def memory_per_rank(cfg, world, shard, optimizer="adamw", neuron_beta2=0.0, ema=0.0):
+    """Bytes of training state on each rank, all of it fp32: parameters 4 per parameter, gradients
+    4, the optimizer's state and the weights' average (--ema above 0: 4). AdamW keeps two moments
+    (8); Muon one momentum on the blocks' matrices (4, plus NorMuon's 4 per row when neuron_beta2
+    is above 0) and AdamW's 8 on the rest (muon.py). Activations come on top, and under FSDP the
+    all-gathered block being computed."""
+    n = model.count_params(cfg)
+    state = 8 * n
+    if optimizer == "muon":
+        d, blocks = cfg["d_model"], cfg["n_layers"]
+        matrices = blocks * model._block_linear_weights(cfg)     # on Muon: 4 bytes, not 8
+        rows = blocks * (3 * d + d + model.up_width(cfg) + d)    # qkv, out, up, down
+        state -= 4 * matrices - (4 * rows if neuron_beta2 > 0 else 0)
+    sizes = {"params": 4 * n, "grads": 4 * n, "optimizer": state,
+             "average": 4 * n if ema > 0 else 0}
     # DDP replicates all of it on every rank; FSDP shards it (ZeRO stage 3, Rajbhandari et al.
     # 2020), so each rank holds 1/world, plus padding of at most one dim-0 row per tensor
-    n, share = model.count_params(cfg), world if shard == "fsdp" else 1
-    sizes = (("params", 4), ("grads", 4), ("adam", 8))
-    per_rank = {name: -(-n * size // share) for name, size in sizes}  # ceil(n * size / share)
+    share = world if shard == "fsdp" else 1
+    per_rank = {name: -(-size // share) for name, size in sizes.items()}  # ceil(size / share)
     return {**per_rank, "total": sum(per_rank.values())}
 
 
-def memory_text(cfg, world, shard, recompute=False):
-    """The start-up line: the training state per rank under DDP and under FSDP, e.g. '... DDP 0.5 MB
-    + 0.5 MB + 0.9 MB = 1.8 MB; FSDP over 2 rank(s) ...; this run: ddp'."""
+def memory_text(cfg, world, args):
+    """The start-up line: the training state per rank under DDP and under FSDP, e.g. 'memory per
+    rank (fp32 weights + gradients + optimizer state + the weights' average): DDP with muon 0.5 MB
+    + 0.5 MB + 0.6 MB + 0.5 MB = 2.1 MB; FSDP over 2 rank(s) with adamw ...; this run: ddp'."""
     def size(n):
         return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
-    def text(memory):  # parameters + gradients + AdamW moments = total
-        parts = " + ".join(size(memory[k]) for k in ("params", "grads", "adam"))
-        return f"{parts} = {size(memory['total'])}"
-    ddp, fsdp = (memory_per_rank(cfg, world, mode) for mode in ("ddp", "fsdp"))
-    recomputed = ", activations checkpointed" if recompute else ""
-    return (f"memory per rank for fp32 parameters + gradients + AdamW moments: DDP {text(ddp)}; "
-            f"FSDP over {world} rank(s) {text(fsdp)}; this run: {shard}{recomputed}")
+    def text(shard):
+        # Under FSDP train.py steps with AdamW: Muon needs whole matrices (planning.py).
+        optimizer = "adamw" if shard == "fsdp" else args.optimizer
+        memory = memory_per_rank(cfg, world, shard, optimizer=optimizer,
+                                 neuron_beta2=args.neuron_beta2, ema=args.ema)
+        parts = " + ".join(size(memory[k]) for k in ("params", "grads", "optimizer", "average")
+                           if memory[k])
+        return f"with {optimizer} {parts} = {size(memory['total'])}"
+    average = " + the weights' average" if args.ema > 0 else ""
+    recomputed = ", activations checkpointed" if args.checkpoint_activations else ""
+    return (f"memory per rank (fp32 weights + gradients + optimizer state{average}): "
+            f"DDP {text('ddp')}; FSDP over {world} rank(s) {text('fsdp')}; "
+            f"this run: {args.shard}{recomputed}")
 
 
 def shard_bytes(net):

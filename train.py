@@ -337,7 +337,7 @@ def grow_now(net, optimizer, average, p, why, *, state, stages, args, hw, held_o
             f"growing to {grow.describe(stages[state.stage]['config'])} at step {state.step} "
             f"(the last checkpoint, {out.ckpt_path}, is from before it)",
             stages[state.stage]["config"], device=hw.device, world=hw.world,
-            shard=args.shard) from None
+            args=args) from None
     # compile and DDP must see the new shapes: wrap the grown model again
     net = parallel.wrap(plain.to(hw.device).train(), args, hw.device, hw.world)
     average = ema.start(model.unwrap(net), args.ema)
@@ -370,7 +370,7 @@ def back_off(error, net, optimizer, loader, position, had_state, *, state, args,
     if B == 1 or hw.world > 1:
         raise parallel.out_of_memory_exit(f"at micro-batch {B}", model.unwrap(net).config,
                                           device=hw.device, world=hw.world,
-                                          shard=args.shard) from None
+                                          args=args) from None
     state.micro_batch = B // 2
     loader.load_state_dict(position)
     out.log({"kind": "back_off", "step": state.step, "micro_batch": state.micro_batch,
@@ -705,7 +705,8 @@ def describe_run(net, args, hw, clock, out, stages):
         tokens = clock.seconds * hw.peak * planning.scaling.PLANNING_MFU / flops_tok
         out.say(f"the budget should buy ~{tokens / 1e9:.2f} B tokens at "
                 f"{planning.scaling.PLANNING_MFU:.0%} MFU (peak {hw.peak / 1e12:.0f} TFLOP/s)")
-    out.say(parallel.memory_text(now, hw.world, args.shard, args.checkpoint_activations))
+    # A growing run's state peaks at the last stage's size: the memory it must find room for.
+    out.say(parallel.memory_text(stages[-1]["config"] if stages else now, hw.world, args))
     if args.shard == "fsdp":  # a collective: every rank reports what it holds
         out.say(f"parameter bytes held by each rank after fully_shard: "
                 f"{parallel.bytes_per_rank(net, hw.world)}")

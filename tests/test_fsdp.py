@@ -263,10 +263,41 @@ def test_memory_per_rank_divides_parameters_gradients_and_adam_by_the_world_unde
     cfg = model.make_config("base", vocab_size=32768)
     n = model.count_params(cfg)
     assert parallel.memory_per_rank(cfg, 8, "ddp") == {"params": 4 * n, "grads": 4 * n,
-                                                       "adam": 8 * n, "total": 16 * n}
-    fsdp = parallel.memory_per_rank(cfg, 8, "fsdp")
-    assert fsdp["params"] == -(-4 * n // 8) and fsdp["adam"] == -(-8 * n // 8)
-    assert fsdp["total"] == pytest.approx(16 * n / 8, abs=3)
+                                                       "optimizer": 8 * n, "average": 0,
+                                                       "total": 16 * n}
+    fsdp = parallel.memory_per_rank(cfg, 8, "fsdp", ema=0.99)
+    assert fsdp["params"] == -(-4 * n // 8) and fsdp["optimizer"] == -(-8 * n // 8)
+    assert fsdp["average"] == -(-4 * n // 8)
+    assert fsdp["total"] == pytest.approx(20 * n / 8, abs=4)
+
+
+@pytest.mark.parametrize("neuron_beta2", [0.0, 0.95])
+def test_memory_per_rank_is_the_bytes_a_muon_step_and_the_average_hold(neuron_beta2):
+    """Counted from the real thing: after one MuonAdamW step (NorMuon's rows or not) on a model with
+    biases and a head transform, its optimizer state and the weights' average hold exactly the
+    bytes memory_per_rank says (AdamW's step counters aside)."""
+    import ema
+    import muon
+    cfg = model.make_config("tiny", vocab_size=512, max_seq_len=32, bias=True,
+                            head_transform=True)
+    net = model.build_model(cfg)
+    optimizer = muon.MuonAdamW(muon.param_groups(net, 0.01), lr=1e-3,
+                               neuron_beta2=neuron_beta2)
+    ids = torch.randint(0, 500, (2, 32))
+    net(ids, labels=ids)["loss"].backward()
+    optimizer.step()
+    average = ema.start(net, 0.99)
+
+    def held(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+    state = held(t for s in optimizer.state.values() for key, t in s.items() if key != "step")
+    memory = parallel.memory_per_rank(cfg, 1, "ddp", optimizer="muon",
+                                      neuron_beta2=neuron_beta2, ema=0.99)
+    assert memory["optimizer"] == state
+    assert memory["average"] == held(average["weights"]) == 4 * model.count_params(cfg)
+    assert memory["params"] == held(net.parameters()) == memory["grads"]
+    # Muon's single momentum makes its state smaller than AdamW's two moments.
+    assert state < parallel.memory_per_rank(cfg, 1, "ddp")["optimizer"]
 
 
 def test_activation_checkpointing_changes_no_gradient_and_saves_fewer_tensors():

@@ -36,7 +36,8 @@ Why it is fair (a comparison counts only if the baseline had a fair chance):
     --micro-batch sequences) at the same fractions of the budget (every 10%), and evaluation time
     counts against both clocks; the step-0 evaluation and the final one are outside both. Each
     side evaluates with the model it trains (compiled or not), so under --compile both pay their
-    evaluation graphs and inductor's one-time start-up at step 0, before their clocks start.
+    evaluation graphs and inductor's one-time start-up at step 0, before their clocks start, and
+    every run compiles its training graphs cold on its own clock (compile_cold).
   - recipe: HF gets its own published recipe, not a strawman: AdamW betas (0.9, 0.98), eps 1e-6,
     weight decay 0.01 except on biases and norms, clipping at 1.0, ModernBERT's warmup-stable-decay
     (6% warm-up, constant, 1-sqrt decay to zero over the last 20% of elapsed / budget: fully
@@ -243,8 +244,19 @@ def read_curve(log_path):
             if i + 1 == len(curve) or curve[i + 1]["tokens"] > p["tokens"] or "growth" in p]
 
 
+def compile_cold():
+    """Forget every graph compiled so far, so that a run under --compile compiles its own on its
+    clock, as a fresh `python train.py --compile` does with inductor's caches off. In one process
+    dynamo hands a new model of the same code the graphs compiled for the last one: a race's later
+    runs then started where the first had paid a cold compile (on the sample at 4 x 128, bf16,
+    seed 1's first 10 steps took 0.6 s against seed 0's 14 s; docs/records.md, twenty-fourth
+    session)."""
+    torch.compiler.reset()
+
+
 def run_ours(args, seed):
     out = os.path.join(args.out, f"ours_seed{seed}")
+    compile_cold()
     summary = train.main(ours_argv(args, seed, out))
     return {"model": "ours", "seed": seed, "lr": None, "status": summary["status"],
             "curve": read_curve(os.path.join(out, "log.jsonl")),
@@ -301,6 +313,7 @@ def run_hf(s, meta, arm, lr, seed):
     width), "schedule" (hf_lr_multiplier's)}."""
     device, _, _ = parallel.setup_device(s.device)
     dtype = parallel.autocast_dtype(s.dtype, device)
+    compile_cold()
     torch.manual_seed(seed)
     net = hf_baseline(arm["baseline"], arm["cfg"], arm["intermediate"],
                       attention=hf_attention(device, dtype)).to(device).train()

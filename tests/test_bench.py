@@ -9,6 +9,7 @@ every run, and the downstream tasks (which play, word order). The ModernBERT bas
 (--baseline modernbert, the default): our shape and about our parameter count, sparse prediction
 over exactly our masked positions, its sweep and schedule.
 """
+import argparse
 import importlib.util
 import json
 import os
@@ -304,6 +305,37 @@ def test_a_token_budget_gives_every_run_the_same_tokens_whatever_the_machine(ben
         bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--no-downstream",
                                       "--hf-from", str(tmp_path / "race"),
                                       "--out", str(tmp_path / "clock")])
+
+
+def test_every_compiled_run_of_a_race_compiles_its_own_graphs(bench_cram, sample_cache,
+                                                              one_thread, tmp_path, monkeypatch):
+    """Under --compile each run pays its own compile, as a fresh process would: the second seed's
+    run must not start on the graphs the first seed's compiled (dynamo keeps them for a new model
+    of the same code, so without compile_cold only a race's first run compiles). The baseline's
+    runs start the same way (compile_cold is called first thing in each)."""
+    from torch._dynamo.utils import counters
+    compiled = []
+
+    def counting(*args, **kwargs):
+        before = counters["stats"]["unique_graphs"]
+        result = run_ours(*args, **kwargs)
+        compiled.append(counters["stats"]["unique_graphs"] - before)
+        return result
+    run_ours = bench_cram.run_ours
+    monkeypatch.setattr(bench_cram, "run_ours", counting)
+    bench_cram.main(TINY_BENCH + ["--cache", sample_cache, "--tokens", "1024", "--seeds", "2",
+                                  "--skip-hf", "--ours-flags", "--compile --grow none",
+                                  "--no-downstream", "--out", str(tmp_path / "race")])
+    assert len(compiled) == 2 and all(graphs > 0 for graphs in compiled), compiled
+
+    calls = []
+    monkeypatch.setattr(bench_cram, "compile_cold", lambda: calls.append("cold"))
+    monkeypatch.setattr(bench_cram, "hf_baseline", lambda *a, **k: calls.append("built") / 0)
+    with pytest.raises(TypeError):  # stopped where the baseline would be built
+        bench_cram.run_hf(argparse.Namespace(device="cpu", dtype="auto"), None,
+                          {"baseline": "modernbert", "cfg": None, "intermediate": None}, 2e-3,
+                          seed=0)
+    assert calls == ["cold", "built"]
 
 
 def curve(*points):

@@ -231,6 +231,10 @@ for name, net in (("sharded", sharded), ("plain", plain)):
     outputs[name] = [t.tolist() for t in (trained, first, after, second)]
 if dist.get_rank() == 0:
     print(json.dumps(outputs))
+# Both ranks leave the group together: a rank that exits while gloo's threads still talk to the
+# other can abort ("terminate called without an active exception", exit -6).
+dist.barrier()
+dist.destroy_process_group()
 """
 
 

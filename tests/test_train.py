@@ -177,7 +177,8 @@ def test_every_rank_plans_with_the_slowest_ranks_speed():
     code = ("import torch, torch.distributed as dist, parallel\n"
             "dist.init_process_group('gloo')\n"
             "print(parallel.slowest_over_ranks(2e12 + 1e12 * dist.get_rank(), "
-            "torch.device('cpu'), 2))\n")
+            "torch.device('cpu'), 2))\n"
+            "dist.destroy_process_group()\n")
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

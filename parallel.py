@@ -280,12 +280,13 @@ def memory_per_rank(cfg, world, shard, optimizer="adamw", neuron_beta2=0.0, ema=
     is above 0) and AdamW's 8 on the rest (muon.py). Activations come on top, and under FSDP the
     all-gathered block being computed."""
     n = model.count_params(cfg)
-    state = 8 * n
+    state = 8 * n                                                 # AdamW's two moments
     if optimizer == "muon":
+        # The blocks' matrices keep one momentum (4 bytes, not 8), NorMuon one moment per row.
         d, blocks = cfg["d_model"], cfg["n_layers"]
-        matrices = blocks * model._block_linear_weights(cfg)     # on Muon: 4 bytes, not 8
-        rows = blocks * (3 * d + d + model.up_width(cfg) + d)    # qkv, out, up, down
-        state -= 4 * matrices - (4 * rows if neuron_beta2 > 0 else 0)
+        state -= 4 * blocks * model._block_linear_weights(cfg)
+        if neuron_beta2 > 0:
+            state += 4 * blocks * (3 * d + d + model.up_width(cfg) + d)  # qkv, out, up, down
     sizes = {"params": 4 * n, "grads": 4 * n, "optimizer": state,
              "average": 4 * n if ema > 0 else 0}
     # DDP replicates all of it on every rank; FSDP shards it (ZeRO stage 3, Rajbhandari et al.

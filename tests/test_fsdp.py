@@ -20,8 +20,10 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import checkpoint
+import ema
 import flags
 import model
+import muon
 import parallel
 import train
 from conftest import read_log
@@ -280,8 +282,6 @@ def test_memory_per_rank_is_the_bytes_a_muon_step_and_the_average_hold(neuron_be
     """Counted from the real thing: after one MuonAdamW step (NorMuon's rows or not) on a model with
     biases and a head transform, its optimizer state and the weights' average hold exactly the
     bytes memory_per_rank says (AdamW's step counters aside)."""
-    import ema
-    import muon
     cfg = model.make_config("tiny", vocab_size=512, max_seq_len=32, bias=True,
                             head_transform=True)
     net = model.build_model(cfg)

@@ -807,7 +807,7 @@ def parse_args(argv=None):
     # Batch and evaluation, shared by both models
     # 2,048 tokens a step: about 2,000 optimizer steps in 3 minutes on 2 CPU cores, what train.py's
     # own plan picks for this budget (planning.STEPS_WANTED); 4,096 until the twenty-fifth session,
-    # when both sides learned more at 2,048 (docs/records.md, record 11).
+    # when ModernBERT learned more at 2,048 and ours as much (docs/records.md, "Tokens per step").
     p.add_argument("--batch-tokens", type=int, default=2048,
                    help="tokens per optimizer step (default: 2048)")
     p.add_argument("--micro-batch", type=int, default=16,

@@ -198,6 +198,9 @@ def add_optimization_flags(p):
                    help="with --optimizer muon: NorMuon (Li et al. 2025), each output neuron's "
                    "step evened out by a running mean of its square, this its decay (default "
                    "0.95, the speedrun's record 9); 0: plain Muon")
+    g.add_argument("--ns-steps", type=int, default=muon.NS_STEPS,
+                   help="with --optimizer muon: Newton-Schulz iterations per step (default 5, "
+                   "Jordan et al. 2024)")
     g.add_argument("--lr", type=float, default=None, help="peak learning rate (default: cramming's "
                    "1e-3 at width 768, scaled as 1/d-model for narrower models; four times "
                    "that with Muon)")
@@ -314,6 +317,7 @@ def check_args(parser, args):
     need(0 <= args.momentum < 1, "--momentum", "in [0, 1)")
     need(args.muon_rms > 0, "--muon-rms", "positive")
     need(0 <= args.neuron_beta2 < 1, "--neuron-beta2", "in [0, 1) (0 = plain Muon)")
+    need(args.ns_steps >= 1, "--ns-steps", ">= 1")
     need(args.ema is None or 0 <= args.ema < 1, "--ema", "in [0, 1) (0 = off)")
     need(args.grow_noise >= 0, "--grow-noise", ">= 0")
     need(0 <= args.grow_rewarm < 1, "--grow-rewarm", "in [0, 1)")

@@ -86,15 +86,16 @@ class MuonAdamW(torch.optim.Optimizer):
 
     lr: both halves' learning rate; update_rms: the RMS of Muon's update per unit of lr (0.2:
     AdamW's); momentum: Muon's (Nesterov); betas, eps: AdamW's; weight_decay: decoupled, per group;
-    ns_dtype: the Newton-Schulz dtype; neuron_beta2: NorMuon's decay of each row's second moment
-    (0: plain Muon)."""
+    ns_dtype: the Newton-Schulz dtype; ns_steps: its iterations; neuron_beta2: NorMuon's decay of
+    each row's second moment (0: plain Muon)."""
 
     def __init__(self, groups, lr, momentum=0.95, betas=(0.9, 0.98), eps=1e-12,
-                 weight_decay=0.0, ns_dtype=torch.float32, update_rms=0.2, neuron_beta2=0.0):
+                 weight_decay=0.0, ns_dtype=torch.float32, update_rms=0.2, neuron_beta2=0.0,
+                 ns_steps=NS_STEPS):
         defaults = {"lr": lr, "momentum": momentum, "betas": tuple(betas), "eps": eps,
                     "weight_decay": weight_decay, "use_muon": False, "neuron_beta2": neuron_beta2}
         super().__init__(groups, defaults)
-        self.ns_dtype, self.update_rms = ns_dtype, update_rms
+        self.ns_dtype, self.update_rms, self.ns_steps = ns_dtype, update_rms, ns_steps
 
     @torch.no_grad()
     def step(self):
@@ -109,13 +110,13 @@ class MuonAdamW(torch.optim.Optimizer):
                 for shape in dict.fromkeys(p.shape for p in params):
                     same = [p for p in params if p.shape == shape]
                     muon_update(same, [self.state[p] for p in same], group, self.ns_dtype,
-                                self.update_rms)
+                                self.update_rms, self.ns_steps)
             else:
                 for p in params:
                     adamw_update(p, p.grad, self.state[p], group)
 
 
-def muon_update(params, states, group, ns_dtype, update_rms):
+def muon_update(params, states, group, ns_dtype, update_rms, ns_steps=NS_STEPS):
     """One Muon step on matrices of one shape: Nesterov momentum, orthogonalized, decoupled weight
     decay. states: each one's optimizer state."""
     lr, mu = group["lr"], group["momentum"]
@@ -126,7 +127,7 @@ def muon_update(params, states, group, ns_dtype, update_rms):
     # Nesterov, looking one step ahead: (n, rows, cols), every matrix's direction at once.
     ahead = torch.stack([p.grad.lerp(state["momentum_buffer"], mu)
                          for p, state in zip(params, states)])
-    directions = orthogonalize(ahead, ns_dtype)
+    directions = orthogonalize(ahead, ns_dtype, ns_steps)
     if group.get("neuron_beta2", 0.0) > 0:  # a checkpoint from before NorMuon has no such key
         directions = normalize_neurons(directions, states, group["neuron_beta2"])
     for p, direction in zip(params, directions):

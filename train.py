@@ -644,7 +644,7 @@ def make_optimizer(net, args, hw):
         return muon.MuonAdamW(muon.param_groups(net, args.weight_decay), lr=args.lr,
                               momentum=args.momentum, betas=args.betas, eps=args.eps,
                               ns_dtype=hw.dtype, update_rms=args.muon_rms,
-                              neuron_beta2=args.neuron_beta2)
+                              neuron_beta2=args.neuron_beta2, ns_steps=args.ns_steps)
     params = [p for p in net.parameters() if p.requires_grad]
     # no decay on norms, biases and scalars (cramming's limited_decay_keys; here: tensors under 2-D)
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},

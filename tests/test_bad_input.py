@@ -64,6 +64,7 @@ TRAIN = ["--data", "sample", "--max-steps", "1"]
     (["--weight-decay", "-0.1"], "--weight-decay must be >= 0"),
     (["--eps", "0"], "--eps must be > 0"),
     (["--neuron-beta2", "1"], "--neuron-beta2 must be in [0, 1) (0 = plain Muon)"),
+    (["--ns-steps", "0"], "--ns-steps must be >= 1"),
     (["--betas", "0.9", "1.5"], "--betas must be two numbers in [0, 1)"),
     (["--d-model", "0"], "--d-model must be >= 1"),
     (["--minutes", "inf"], "--minutes must be positive"),

@@ -40,6 +40,24 @@ def test_newton_schulz_brings_every_singular_value_near_one():
     assert cosine > 0.85  # and it points where U V^T does
 
 
+def test_fewer_newton_schulz_iterations_orthogonalize_less_and_the_optimizer_uses_its_count():
+    """ns_steps (train.py's --ns-steps) is the number of iterations MuonAdamW runs: each one pulls
+    the singular values further toward one, and the step moves the weights by exactly what
+    orthogonalize gives at that count."""
+    g = torch.randn(48, 32, generator=torch.Generator().manual_seed(0))
+    g = g * torch.logspace(-1, 1, 32)
+    smallest = [torch.linalg.svdvals(muon.orthogonalize(g, steps=n)).min() for n in (1, 3, 5)]
+    assert smallest[0] < smallest[1] < smallest[2]  # the small directions grow with each iteration
+    for steps in (3, 5):
+        w = torch.zeros(48, 32, requires_grad=True)
+        w.grad = g.clone()
+        opt = muon.MuonAdamW([{"params": [w], "use_muon": True, "weight_decay": 0.0}], lr=0.1,
+                             momentum=0.0, ns_steps=steps)
+        opt.step()
+        expected = -0.1 * 0.2 * 48 ** 0.5 * muon.orthogonalize(g, steps=steps)
+        torch.testing.assert_close(w.detach(), expected)
+
+
 def test_matrices_of_one_shape_step_together_as_each_would_alone():
     """MuonAdamW orthogonalizes the matrices of one shape in one batch: every matrix moves as it
     would in an optimizer of its own, and matrices of other shapes step beside them."""
@@ -231,7 +249,7 @@ def assert_grown_model_computes_the_same_and_trains(net, grown, new_opt):
 
 def settings(**overrides):
     return argparse.Namespace(**{"optimizer": "muon", "shard": "none", "lr": 1e-3,
-                                 "momentum": 0.95, "muon_rms": 0.2, "neuron_beta2": 0.0,
+                                 "momentum": 0.95, "muon_rms": 0.2, "neuron_beta2": 0.0, "ns_steps": 5,
                                  "betas": [0.9, 0.98], "eps": 1e-12, "weight_decay": 0.01,
                                  **overrides})
 
@@ -242,6 +260,8 @@ def test_train_py_builds_the_optimizer_it_is_asked_for():
     assert isinstance(train.make_optimizer(net, settings(), hw), muon.MuonAdamW)
     assert isinstance(train.make_optimizer(net, settings(optimizer="adamw"), hw),
                       torch.optim.AdamW)
+    assert train.make_optimizer(net, settings(), hw).ns_steps == muon.NS_STEPS == 5
+    assert train.make_optimizer(net, settings(ns_steps=3), hw).ns_steps == 3
 
 
 def test_muon_gets_four_times_adamws_learning_rate_and_becomes_adamw_under_fsdp():

@@ -249,8 +249,9 @@ def assert_grown_model_computes_the_same_and_trains(net, grown, new_opt):
 
 def settings(**overrides):
     return argparse.Namespace(**{"optimizer": "muon", "shard": "none", "lr": 1e-3,
-                                 "momentum": 0.95, "muon_rms": 0.2, "neuron_beta2": 0.0, "ns_steps": 5,
-                                 "betas": [0.9, 0.98], "eps": 1e-12, "weight_decay": 0.01,
+                                 "momentum": 0.95, "muon_rms": 0.2, "neuron_beta2": 0.0,
+                                 "ns_steps": 5, "betas": [0.9, 0.98], "eps": 1e-12,
+                                 "weight_decay": 0.01,
                                  **overrides})
 
 

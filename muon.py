@@ -116,7 +116,7 @@ class MuonAdamW(torch.optim.Optimizer):
                     adamw_update(p, p.grad, self.state[p], group)
 
 
-def muon_update(params, states, group, ns_dtype, update_rms, ns_steps=NS_STEPS):
+def muon_update(params, states, group, ns_dtype, update_rms, ns_steps):
     """One Muon step on matrices of one shape: Nesterov momentum, orthogonalized, decoupled weight
     decay. states: each one's optimizer state."""
     lr, mu = group["lr"], group["momentum"]
